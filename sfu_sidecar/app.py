@@ -1,0 +1,152 @@
+"""The application, assembled in one place from :class:`Settings`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from aiohttp import web
+
+from sfu_sidecar import __version__, logs
+from sfu_sidecar.config import Settings
+from sfu_sidecar.httpapi import METRICS_KEY, edge_middleware, json_ok
+from sfu_sidecar.lifecycle import Component
+from sfu_sidecar.metrics import Metrics
+
+log = logs.get("app")
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+SHUTDOWN_BUDGET_S = 5.0
+
+
+@dataclass
+class Services:
+    """What the application is made of; handed to routes through ``app[SERVICES_KEY]``."""
+
+    settings: Settings
+    metrics: Metrics
+    started_monotonic: float
+    components: list[Component] = field(default_factory=list)
+
+    def uptime_s(self) -> float:
+        return time.monotonic() - self.started_monotonic
+
+
+SERVICES_KEY = web.AppKey("services", Services)
+
+
+def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
+    """Every component in start order. Later components may depend on earlier ones."""
+    components: list[Component] = []
+    return components
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    services = request.app[SERVICES_KEY]
+    return json_ok(
+        {"status": "ok", "version": __version__, "uptime_s": round(services.uptime_s(), 3)}
+    )
+
+
+async def _metrics(request: web.Request) -> web.Response:
+    services = request.app[SERVICES_KEY]
+    services.metrics.uptime.set(services.uptime_s())
+    body = services.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": services.metrics.content_type})
+
+
+async def _index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "index.html")
+
+
+async def _page(request: web.Request) -> web.FileResponse:
+    name = request.match_info["page"]
+    path = WEB_DIR / f"{name}.html"
+    if not path.is_file():
+        raise web.HTTPNotFound()
+    return web.FileResponse(path)
+
+
+def build_app(settings: Settings, components: list[Component] | None = None) -> web.Application:
+    """Assemble routes, middleware and component lifetimes. Nothing starts until the app runs."""
+    metrics = Metrics()
+    if components is None:
+        components = build_components(settings, metrics)
+    app = web.Application(
+        middlewares=[edge_middleware], client_max_size=settings.max_body_bytes
+    )
+    services = Services(settings, metrics, time.monotonic(), components)
+    app[SERVICES_KEY] = services
+    app[METRICS_KEY] = metrics
+    app.router.add_get("/healthz", _healthz)
+    app.router.add_get("/metrics", _metrics)
+    app.router.add_get("/", _index)
+    app.router.add_get(r"/{page:[a-z_-]+}.html", _page)
+    if (WEB_DIR / "js").is_dir():
+        app.router.add_static("/js", WEB_DIR / "js")
+    for component in components:
+        component.add_routes(app)
+
+    async def start_components(app: web.Application) -> None:
+        for component in services.components:
+            log.debug("starting %s", component.name)
+            await component.start()
+
+    async def stop_components(app: web.Application) -> None:
+        for component in reversed(services.components):
+            try:
+                await asyncio.wait_for(component.stop(), timeout=SHUTDOWN_BUDGET_S / 2)
+            except Exception:
+                log.exception("stopping %s failed", component.name)
+
+    app.on_startup.append(start_components)
+    app.on_shutdown.append(stop_components)
+    return app
+
+
+def _event_loop_policy() -> str:
+    try:
+        import uvloop
+    except ImportError:
+        return "asyncio"
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    return "uvloop"
+
+
+async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then stop accepting, stop components, and return."""
+    app = build_app(settings)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(
+        runner, settings.host, settings.port, shutdown_timeout=SHUTDOWN_BUDGET_S / 2
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    try:
+        await site.start()
+        log.info(
+            "listening on http://%s:%d", settings.host, settings.port,
+            extra={"version": __version__},
+        )
+        if ready is not None:
+            ready.set()
+        await stop.wait()
+        log.info("shutting down")
+    finally:
+        await runner.cleanup()
+        log.info("stopped")
+
+
+def run(settings: Settings) -> int:
+    loop_kind = _event_loop_policy()
+    logs.get("app").debug("event loop: %s", loop_kind)
+    asyncio.run(serve(settings))
+    return 0

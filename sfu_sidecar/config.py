@@ -1,0 +1,426 @@
+"""Settings: one typed object, fed by CLI flags, ``SFU_SIDECAR_*`` variables and a TOML file.
+
+Precedence is flag > environment > file > default. Every setting is declared once, as a field of
+:class:`Settings`; the CLI flags, the environment names, the TOML keys and the README table are all
+derived from that declaration, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from sfu_sidecar.exceptions import ConfigError
+
+ENV_PREFIX = "SFU_SIDECAR_"
+
+RawValue = str | int | float | bool | list[Any]
+
+
+class _Invalid(ValueError):
+    """A value that does not parse; the loader adds where it came from."""
+
+
+@dataclass(frozen=True)
+class PortRange:
+    low: int
+    high: int
+
+    def __str__(self) -> str:
+        return f"{self.low}-{self.high}"
+
+
+@dataclass(frozen=True)
+class HostPort:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class IceServer:
+    """A STUN or TURN server as given to clients (RFC 7064 / RFC 7065 URIs)."""
+
+    url: str
+    username: str | None = None
+    credential: str | None = None
+
+    def __str__(self) -> str:
+        return self.url
+
+
+# --- value parsers: raw (str from flags/env, native from TOML) -> typed value ----------------
+
+
+def _as_str(raw: RawValue) -> str:
+    if isinstance(raw, str):
+        return raw.strip()
+    if isinstance(raw, bool | int | float):
+        return str(raw)
+    raise _Invalid(f"expected a single value, got {type(raw).__name__}")
+
+
+def _split_list(raw: RawValue) -> list[str]:
+    if isinstance(raw, list):
+        return [_as_str(item) for item in raw if _as_str(item)]
+    return [part.strip() for part in _as_str(raw).split(",") if part.strip()]
+
+
+def _parse_int(lo: int, hi: int) -> Callable[[RawValue], int]:
+    def parse(raw: RawValue) -> int:
+        if isinstance(raw, bool):
+            raise _Invalid("expected an integer")
+        text = _as_str(raw)
+        try:
+            value = int(text, 10)
+        except ValueError:
+            raise _Invalid("expected an integer") from None
+        if not lo <= value <= hi:
+            raise _Invalid(f"must be between {lo} and {hi}")
+        return value
+
+    return parse
+
+
+def _parse_float(lo: float, hi: float) -> Callable[[RawValue], float]:
+    def parse(raw: RawValue) -> float:
+        if isinstance(raw, bool):
+            raise _Invalid("expected a number")
+        try:
+            value = float(_as_str(raw))
+        except ValueError:
+            raise _Invalid("expected a number") from None
+        if not lo <= value <= hi:
+            raise _Invalid(f"must be between {lo:g} and {hi:g}")
+        return value
+
+    return parse
+
+
+def _parse_choice(*choices: str) -> Callable[[RawValue], str]:
+    def parse(raw: RawValue) -> str:
+        value = _as_str(raw).lower()
+        if value not in choices:
+            raise _Invalid(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _parse_optional_str(raw: RawValue) -> str | None:
+    value = _as_str(raw)
+    return value or None
+
+
+def _parse_path(raw: RawValue) -> Path:
+    value = _as_str(raw)
+    if not value:
+        raise _Invalid("must not be empty")
+    return Path(value)
+
+
+def _parse_port_range(raw: RawValue) -> PortRange | None:
+    text = _as_str(raw)
+    if not text:
+        return None
+    low_text, sep, high_text = text.partition("-")
+    if not sep:
+        raise _Invalid("expected LOW-HIGH, e.g. 40000-40100")
+    try:
+        low, high = int(low_text), int(high_text)
+    except ValueError:
+        raise _Invalid("expected LOW-HIGH, e.g. 40000-40100") from None
+    if not (1 <= low <= 65535 and 1 <= high <= 65535):
+        raise _Invalid("ports must be between 1 and 65535")
+    if low > high:
+        raise _Invalid("low end above high end")
+    return PortRange(low, high)
+
+
+def _parse_addresses(raw: RawValue) -> tuple[str, ...]:
+    out = []
+    for item in _split_list(raw):
+        try:
+            out.append(str(ipaddress.ip_address(item)))
+        except ValueError:
+            raise _Invalid(f"{item!r} is not an IP address") from None
+    return tuple(out)
+
+
+def _parse_host_ports(default_port: int) -> Callable[[RawValue], tuple[HostPort, ...]]:
+    def parse(raw: RawValue) -> tuple[HostPort, ...]:
+        out = []
+        for item in _split_list(raw):
+            host, port = item, default_port
+            if item.startswith("["):
+                host, _, rest = item[1:].partition("]")
+                if rest:
+                    if not rest.startswith(":"):
+                        raise _Invalid(f"{item!r}: expected [v6addr]:port")
+                    port = _parse_int(1, 65535)(rest[1:])
+            elif item.count(":") == 1:
+                host, port_text = item.split(":")
+                try:
+                    port = _parse_int(1, 65535)(port_text)
+                except _Invalid as exc:
+                    raise _Invalid(f"{item!r}: port {exc}") from None
+            if not host:
+                raise _Invalid(f"{item!r}: empty host")
+            out.append(HostPort(host, port))
+        return tuple(out)
+
+    return parse
+
+
+def _parse_ice_servers(raw: RawValue) -> tuple[IceServer, ...]:
+    """``stun:host[:port]`` or ``turn[s]:[user:credential@]host[:port][?transport=udp|tcp]``."""
+    out = []
+    for item in _split_list(raw):
+        scheme, sep, rest = item.partition(":")
+        scheme = scheme.lower()
+        if not sep or scheme not in ("stun", "stuns", "turn", "turns") or not rest:
+            raise _Invalid(f"{item!r}: expected stun:HOST[:PORT] or turn:[USER:PASS@]HOST[:PORT]")
+        rest = rest.removeprefix("//")
+        username = credential = None
+        if "@" in rest:
+            if scheme.startswith("stun"):
+                raise _Invalid(f"{item!r}: STUN URLs take no credentials")
+            userinfo, _, rest = rest.rpartition("@")
+            username, colon, credential = userinfo.partition(":")
+            if not colon or not username:
+                raise _Invalid(f"{item!r}: credentials must be USER:PASS")
+        hostport, _, query = rest.partition("?")
+        if query:
+            transports = parse_qs(query).get("transport", [])
+            if scheme.startswith("stun") or transports not in (["udp"], ["tcp"]):
+                raise _Invalid(f"{item!r}: only ?transport=udp|tcp is allowed, on TURN URLs")
+        if not hostport:
+            raise _Invalid(f"{item!r}: empty host")
+        url = f"{scheme}:{hostport}" + (f"?{query}" if query else "")
+        if scheme.startswith("turn") and username is None:
+            raise _Invalid(f"{item!r}: TURN needs USER:PASS@ credentials")
+        out.append(IceServer(url=url, username=username, credential=credential))
+    return tuple(out)
+
+
+def _setting(
+    default: Any,
+    parse: Callable[[RawValue], Any],
+    help: str,
+    *,
+    metavar: str,
+    secret: bool = False,
+) -> Any:
+    return field(
+        default=default,
+        metadata={"parse": parse, "help": help, "metavar": metavar, "secret": secret},
+    )
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Every knob of the service. Build with :func:`load_settings`, never field by field."""
+
+    host: str = _setting("0.0.0.0", _as_str, "address the HTTP server binds", metavar="ADDR")
+    port: int = _setting(8080, _parse_int(1, 65535), "HTTP port", metavar="PORT")
+    data_dir: Path = _setting(
+        Path("data"), _parse_path, "folder for durable state (caption store)", metavar="DIR"
+    )
+    log_level: str = _setting(
+        "info", _parse_choice("debug", "info", "warning", "error"), "log threshold",
+        metavar="LEVEL",
+    )
+    log_format: str = _setting(
+        "text", _parse_choice("text", "json"), "log line format: text or json", metavar="FMT"
+    )
+    publish_token: str | None = _setting(
+        None, _parse_optional_str, "Bearer token required for WHIP publish and caption ingest",
+        metavar="TOKEN", secret=True,
+    )
+    view_token: str | None = _setting(
+        None, _parse_optional_str, "Bearer token required for WHEP viewing (open when unset)",
+        metavar="TOKEN", secret=True,
+    )
+    ice_addresses: tuple[str, ...] = _setting(
+        (), _parse_addresses,
+        "IP addresses announced in ICE candidates, comma-separated (NAT, containers, loopback)",
+        metavar="IPS",
+    )
+    ice_port_range: PortRange | None = _setting(
+        None, _parse_port_range, "UDP port range for ICE, LOW-HIGH (any port when unset)",
+        metavar="LOW-HIGH",
+    )
+    ice_servers: tuple[IceServer, ...] = _setting(
+        (), _parse_ice_servers,
+        "STUN/TURN servers for clients, comma-separated: stun:HOST[:PORT], "
+        "turn:USER:PASS@HOST[:PORT][?transport=udp]",
+        metavar="URLS", secret=True,
+    )
+    max_body_bytes: int = _setting(
+        262144, _parse_int(1024, 64 * 1024 * 1024), "largest accepted request body (SDP, cues)",
+        metavar="BYTES",
+    )
+    publisher_timeout_s: float = _setting(
+        10.0, _parse_float(1.0, 3600.0),
+        "seconds without media before a publisher counts as gone", metavar="SECONDS",
+    )
+    ptp_interface: str | None = _setting(
+        None, _parse_optional_str, "network interface for the PTPv2 slave (PTP off when unset)",
+        metavar="IFACE",
+    )
+    ptp_domain: int = _setting(0, _parse_int(0, 255), "PTP domain number", metavar="N")
+    ntp_servers: tuple[HostPort, ...] = _setting(
+        (), _parse_host_ports(123), "NTP servers, comma-separated HOST[:PORT]", metavar="SERVERS"
+    )
+    clock_max_slew_ppm: float = _setting(
+        500.0, _parse_float(1.0, 100000.0),
+        "largest slew of house time after the first lock, in ppm", metavar="PPM",
+    )
+    caption_chunk_s: float = _setting(
+        2.0, _parse_float(0.5, 60.0), "duration of one WebVTT chunk in seconds", metavar="SECONDS"
+    )
+    caption_retention_s: float = _setting(
+        86400.0, _parse_float(60.0, 10 * 365 * 86400.0),
+        "how long stored cues are kept, in seconds", metavar="SECONDS",
+    )
+    caption_playlist_chunks: int = _setting(
+        15, _parse_int(3, 10000), "chunks listed in the live HLS subtitle playlist",
+        metavar="N",
+    )
+
+    def redacted(self) -> dict[str, str]:
+        """Settings as strings for logs and status pages, secrets masked."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata["secret"] and value:
+                out[f.name] = "***"
+            else:
+                out[f.name] = format_value(value)
+        return out
+
+
+def format_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, tuple):
+        return ",".join(str(v) for v in value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def setting_fields() -> tuple[dataclasses.Field[Any], ...]:
+    return dataclasses.fields(Settings)
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def env_name(name: str) -> str:
+    return ENV_PREFIX + name.upper()
+
+
+def read_config_file(path: Path) -> dict[str, RawValue]:
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"--config {path}: not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"--config {path}: {exc.strerror}") from None
+    # Accept keys either at top level or under [sfu_sidecar], so one file can hold other tools.
+    section = data.get("sfu_sidecar", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"--config {path}: [sfu_sidecar] must be a table")
+    known = {f.name for f in setting_fields()}
+    unknown = sorted(set(section) - known - {"sfu_sidecar"})
+    if unknown:
+        raise ConfigError(f"--config {path}: unknown key(s): {', '.join(unknown)}")
+    return {k: v for k, v in section.items() if k in known}
+
+
+def load_settings(
+    flags: Mapping[str, str | None] | None = None,
+    env: Mapping[str, str] | None = None,
+    config_path: Path | None = None,
+) -> Settings:
+    """Merge the three sources by precedence and validate every value once.
+
+    ``flags`` maps field names to the raw strings given on the command line (None = not given).
+    """
+    flags = flags or {}
+    env = env or {}
+    file_values = read_config_file(config_path) if config_path is not None else {}
+    values: dict[str, Any] = {}
+    for f in setting_fields():
+        raw: RawValue | None
+        flag_raw = flags.get(f.name)
+        if flag_raw is not None:
+            raw, origin = flag_raw, f"{flag_name(f.name)} {flag_raw}"
+        elif env_name(f.name) in env:
+            raw = env[env_name(f.name)]
+            origin = f"{env_name(f.name)}={raw}"
+        elif f.name in file_values:
+            raw = file_values[f.name]
+            origin = f"{config_path}: {f.name} = {raw!r}"
+        else:
+            continue
+        try:
+            values[f.name] = f.metadata["parse"](raw)
+        except _Invalid as exc:
+            raise ConfigError(f"{origin}: {exc}") from None
+    return Settings(**values)
+
+
+def settings_table_markdown() -> str:
+    """The README configuration table, derived from :class:`Settings`."""
+    rows = [
+        "| setting (TOML key) | flag | environment | default | meaning |",
+        "|---|---|---|---|---|",
+    ]
+    for f in setting_fields():
+        default = format_value(f.default) or "(unset)"
+        rows.append(
+            f"| `{f.name}` | `{flag_name(f.name)} {f.metadata['metavar']}` | "
+            f"`{env_name(f.name)}` | `{default}` | {f.metadata['help']} |"
+        )
+    return "\n".join(rows) + "\n"
+
+
+def settings_from_namespace(
+    namespace: Any, env: Mapping[str, str], config_path: Path | None
+) -> Settings:
+    flags = {f.name: getattr(namespace, f.name, None) for f in setting_fields()}
+    return load_settings(flags, env, config_path)
+
+
+def flags_for_argparse() -> Sequence[tuple[str, dict[str, Any]]]:
+    """(flag, argparse kwargs) for every setting; values stay raw strings until load_settings."""
+    out = []
+    for f in setting_fields():
+        default = format_value(f.default) or "unset"
+        out.append(
+            (
+                flag_name(f.name),
+                {
+                    "dest": f.name,
+                    "metavar": f.metadata["metavar"],
+                    "default": None,
+                    "help": f"{f.metadata['help']} [env {env_name(f.name)}; default {default}]",
+                },
+            )
+        )
+    return out

@@ -1,0 +1,85 @@
+"""The one exception root of the product.
+
+::
+
+    SidecarError
+    ├── LocalError                 our side: configuration, a broken invariant
+    │   └── ConfigError            a setting is missing, malformed or contradicts another
+    └── RemoteError                the other side sent something we refuse
+        ├── BadInput               malformed or unacceptable input (HTTP 400 and kin)
+        │   ├── UnsupportedMediaType   wrong Content-Type (415)
+        │   ├── PayloadTooLarge        body over a configured limit (413)
+        │   └── NotAcceptable          nothing we can forward was offered (406)
+        ├── AuthError              missing or wrong credentials (401)
+        ├── NotFound               no such stream, session or resource (404)
+        └── Conflict               the resource is taken (409)
+
+Every HTTP-facing error carries its status code; the middleware in ``httpapi.py`` is the one
+place that turns them into responses, so no traceback reaches a client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+
+class SidecarError(Exception):
+    """Root of every error the product raises on purpose."""
+
+    status = 500
+
+    def __init__(self, reason: str, *, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.headers: dict[str, str] = dict(headers or {})
+
+
+class LocalError(SidecarError):
+    """A fault on our side: bad configuration or a broken invariant."""
+
+
+class ConfigError(LocalError):
+    """A setting is missing, malformed, or contradicts another."""
+
+
+class RemoteError(SidecarError):
+    """A peer or client sent something we refuse."""
+
+    status = 400
+
+
+class BadInput(RemoteError):
+    status = 400
+
+
+class UnsupportedMediaType(BadInput):
+    status = 415
+
+
+class PayloadTooLarge(BadInput):
+    status = 413
+
+
+class NotAcceptable(BadInput):
+    status = 406
+
+
+class Unprocessable(BadInput):
+    status = 422
+
+
+class AuthError(RemoteError):
+    status = 401
+
+    def __init__(self, reason: str, *, headers: Mapping[str, str] | None = None) -> None:
+        merged = {"WWW-Authenticate": 'Bearer realm="sfu-sidecar"'}
+        merged.update(headers or {})
+        super().__init__(reason, headers=merged)
+
+
+class NotFound(RemoteError):
+    status = 404
+
+
+class Conflict(RemoteError):
+    status = 409
