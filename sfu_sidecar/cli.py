@@ -40,6 +40,24 @@ def build_parser() -> argparse.ArgumentParser:
         "pattern and scripted captions, so the viewer page shows synced captions at once.",
     )
     _add_settings(demo)
+
+    clock = sub.add_parser(
+        "clock", help="print house clock status live, one line a second (no HTTP server)",
+        description="Run the house clock alone and print its status once a second.",
+    )
+    _add_settings(clock)
+    clock.add_argument(
+        "--count", type=int, default=0, metavar="N", help="stop after N lines (0: run until ^C)"
+    )
+
+    captions = sub.add_parser("captions", help="caption tools")
+    captions_sub = captions.add_subparsers(dest="captions_command", metavar="TOOL", required=True)
+    check = captions_sub.add_parser(
+        "check", help="parse a WebVTT file and print its cues as JSON; exit 1 if invalid",
+        description="Parse FILE with the WebVTT parsing algorithm and print "
+        '{"cues": [...], "regions": [...]} with VTTCue attribute names. Exit 1 if invalid.',
+    )
+    check.add_argument("file", type=Path, metavar="FILE")
     return parser
 
 
@@ -61,6 +79,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             from sfu_sidecar.app import run
 
             return run(settings)
+        if args.command == "clock":
+            settings = _settings(args)
+            logs.configure(settings.log_level, settings.log_format)
+            from sfu_sidecar.clock.cli import run_clock
+
+            return run_clock(settings, count=args.count)
+        if args.command == "captions" and args.captions_command == "check":
+            from sfu_sidecar.captions.cli import check_file
+
+            return check_file(args.file)
     except ConfigError as exc:
         print(f"sfu-sidecar: configuration error: {exc.reason}", file=sys.stderr)
         return 2
