@@ -10,8 +10,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
 
 NAMESPACE = "sfu_sidecar"
 

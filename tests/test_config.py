@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sfu_sidecar.config import (
+    HostPort,
+    IceServer,
+    PortRange,
+    Settings,
+    env_name,
+    load_settings,
+    setting_fields,
+)
+from sfu_sidecar.exceptions import ConfigError
+
+
+def write_toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "sidecar.toml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults() -> None:
+    s = load_settings()
+    assert s == Settings()
+    assert s.port == 8080
+    assert s.ice_addresses == ()
+    assert s.ice_port_range is None
+    assert s.publish_token is None
+
+
+def test_precedence_flag_over_env_over_file_over_default(tmp_path: Path) -> None:
+    cfg = write_toml(tmp_path, 'port = 7001\nlog_level = "debug"\nhost = "127.0.0.2"\n')
+    env = {"SFU_SIDECAR_PORT": "7002", "SFU_SIDECAR_LOG_LEVEL": "warning"}
+    s = load_settings({"port": "7003"}, env, cfg)
+    assert s.port == 7003  # flag wins
+    assert s.log_level == "warning"  # env beats file
+    assert s.host == "127.0.0.2"  # file beats default
+    assert s.log_format == "text"  # default
+
+
+def test_file_keys_may_live_under_a_section(tmp_path: Path) -> None:
+    cfg = write_toml(tmp_path, "[sfu_sidecar]\nport = 7100\n")
+    assert load_settings(config_path=cfg).port == 7100
+
+
+def test_list_settings_from_env_are_comma_separated() -> None:
+    env = {
+        "SFU_SIDECAR_ICE_ADDRESSES": "127.0.0.1, ::1",
+        "SFU_SIDECAR_NTP_SERVERS": "127.0.0.1:11123,ntp.example,[::1]:123",
+    }
+    s = load_settings(env=env)
+    assert s.ice_addresses == ("127.0.0.1", "::1")
+    assert s.ntp_servers == (
+        HostPort("127.0.0.1", 11123), HostPort("ntp.example", 123), HostPort("::1", 123),
+    )
+
+
+def test_list_settings_from_toml_arrays(tmp_path: Path) -> None:
+    cfg = write_toml(tmp_path, 'ice_addresses = ["10.0.0.5", "2001:db8::1"]\n')
+    assert load_settings(config_path=cfg).ice_addresses == ("10.0.0.5", "2001:db8::1")
+
+
+def test_ice_servers_parse_stun_and_turn_credentials() -> None:
+    s = load_settings(
+        {
+            "ice_servers": "stun:stun.example.org:3478,"
+            "turn:alice:s3cret@turn.example.org?transport=udp"
+        }
+    )
+    assert s.ice_servers == (
+        IceServer("stun:stun.example.org:3478"),
+        IceServer("turn:turn.example.org?transport=udp", "alice", "s3cret"),
+    )
+    assert s.redacted()["ice_servers"] == "***"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"ice_port_range": "5000-4000"}, "--ice-port-range 5000-4000: low end above high end"),
+        ({"ice_port_range": "5000"}, "--ice-port-range 5000: expected LOW-HIGH"),
+        ({"port": "70000"}, "--port 70000: must be between 1 and 65535"),
+        ({"port": "http"}, "--port http: expected an integer"),
+        ({"log_format": "xml"}, "--log-format xml: must be one of text, json"),
+        ({"ice_addresses": "127.0.0.1,nothost"}, "'nothost' is not an IP address"),
+        ({"ice_servers": "http://x"}, "expected stun:HOST[:PORT]"),
+        ({"ice_servers": "turn:turn.example.org"}, "TURN needs USER:PASS@ credentials"),
+        ({"ntp_servers": "host:99999"}, "port must be between 1 and 65535"),
+        ({"clock_max_slew_ppm": "0"}, "--clock-max-slew-ppm 0: must be between 1 and 100000"),
+    ],
+)
+def test_validation_errors_name_the_setting_and_the_reason(
+    flags: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_settings(flags)
+    assert message in info.value.reason
+
+
+def test_env_errors_name_the_variable() -> None:
+    with pytest.raises(ConfigError, match=r"SFU_SIDECAR_PORT=0: must be between 1 and 65535"):
+        load_settings(env={"SFU_SIDECAR_PORT": "0"})
+
+
+def test_file_errors_name_the_file_and_key(tmp_path: Path) -> None:
+    cfg = write_toml(tmp_path, 'ice_port_range = "9-1"\n')
+    with pytest.raises(ConfigError, match=r"sidecar.toml: ice_port_range = '9-1': low end above"):
+        load_settings(config_path=cfg)
+
+
+def test_unknown_file_key_is_rejected(tmp_path: Path) -> None:
+    cfg = write_toml(tmp_path, "prot = 80\n")
+    with pytest.raises(ConfigError, match="unknown key\\(s\\): prot"):
+        load_settings(config_path=cfg)
+
+
+def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_settings(config_path=write_toml(tmp_path, "port = = 1"))
+    with pytest.raises(ConfigError, match="no such file"):
+        load_settings(config_path=tmp_path / "absent.toml")
+
+
+def test_port_range_value() -> None:
+    assert load_settings({"ice_port_range": "40000-40100"}).ice_port_range == PortRange(
+        40000, 40100
+    )
+
+
+def test_every_setting_has_help_and_an_env_name() -> None:
+    names = [f.name for f in setting_fields()]
+    assert len(names) == len(set(names))
+    for f in setting_fields():
+        assert f.metadata["help"], f.name
+        assert env_name(f.name) == "SFU_SIDECAR_" + f.name.upper()
