@@ -108,7 +108,7 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
     return app
 
 
-def _event_loop_policy() -> str:
+def install_event_loop_policy() -> str:
     try:
         import uvloop
     except ImportError:
@@ -117,9 +117,15 @@ def _event_loop_policy() -> str:
     return "uvloop"
 
 
-async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> None:
+async def serve(
+    settings: Settings,
+    *,
+    ready: asyncio.Event | None = None,
+    app: web.Application | None = None,
+) -> None:
     """Run until SIGINT/SIGTERM, then stop accepting, stop components, and return."""
-    app = build_app(settings)
+    if app is None:
+        app = build_app(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.TCPSite(
@@ -146,7 +152,7 @@ async def serve(settings: Settings, *, ready: asyncio.Event | None = None) -> No
 
 
 def run(settings: Settings) -> int:
-    loop_kind = _event_loop_policy()
+    loop_kind = install_event_loop_policy()
     logs.get("app").debug("event loop: %s", loop_kind)
     asyncio.run(serve(settings))
     return 0

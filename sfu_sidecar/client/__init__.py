@@ -1,0 +1,1 @@
+"""Clients for publishers: WHIP publishing, caption push, clock join."""
