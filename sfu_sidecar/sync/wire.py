@@ -1,0 +1,543 @@
+"""Codec for the ``sync`` DataChannel (spec: ``proto/sync.md``).
+
+Sans-I/O: bytes in, frozen dataclasses out, and back. Every malformed input becomes a
+:class:`SyncWireError` with a machine-readable :attr:`~SyncWireError.kind`; nothing here
+raises anything else on bad bytes, so the channel adapter can count and drop.
+
+Two message kinds share one 2-byte envelope (version, kind):
+
+* ``BATCH`` carries binary records: mapping anchors (a linear RTP -> capture-time map),
+  frame records (deltas against an anchor) and length-prefixed control records;
+* ``CONTROL`` carries one msgpack map with a ``"type"`` field (epoch, captions, clock join,
+  viewer telemetry) and is sent on its own when it must not wait for the next batch.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import IntEnum
+from typing import Any, ClassVar
+
+import msgpack
+
+from sfu_sidecar.exceptions import BadInput
+
+VERSION = 1
+NS_PER_S = 1_000_000_000
+# aiortc puts at most this many user bytes in one SCTP DATA chunk (USERDATA_MAX_LENGTH for
+# SCTP_MAX_PACKET_LENGTH 1189); a message that fits is one datagram, so losing a datagram
+# loses exactly one message and never half of a larger one.
+MAX_UNFRAGMENTED = 1160
+MAX_MESSAGE = 65535  # nothing we send comes near; anything larger from a peer is refused
+
+
+class MessageKind(IntEnum):
+    BATCH = 0x01
+    CONTROL = 0x02
+
+
+class RecordType(IntEnum):
+    ANCHOR = 0x01
+    FRAME = 0x02
+    CONTROL = 0x03
+
+
+class Source(IntEnum):
+    """Where a capture time came from, best first (DESIGN.md "Timelines")."""
+
+    ABS_CAPTURE_TIME = 0
+    SENDER_REPORT = 1
+    ARRIVAL = 2
+
+
+class ErrorKind:
+    TRUNCATED = "truncated"
+    BAD_VERSION = "bad_version"
+    UNKNOWN_TYPE = "unknown_type"
+    TRAILING_BYTES = "trailing_bytes"
+    BAD_FIELD = "bad_field"
+    BAD_CONTROL = "bad_control"
+    TOO_LARGE = "too_large"
+
+
+class SyncWireError(BadInput):
+    """Bytes on the sync channel that do not decode; :attr:`kind` names the fault."""
+
+    def __init__(self, kind: str, reason: str) -> None:
+        super().__init__(f"{kind}: {reason}")
+        self.kind = kind
+
+
+# Envelope, first two bytes of every message:
+#   0: version u8 (= 1)   1: kind u8 (MessageKind)
+_ENVELOPE = struct.Struct("!BB")
+# BATCH header after the envelope:
+#   2-3: seq u16 (per viewer, +1 per message, wraps; a gap means a lost message)
+#   4:   count u8 (records that follow)
+_BATCH = struct.Struct("!HB")
+# ANCHOR record, 25 bytes + mid:
+#   0: type u8 (=1)  1: track u8  2: generation u8 (0-15)  3: flags u8
+#   4-7: clock_rate u32 (Hz)  8-11: rtp_ts u32 (as the viewer receives it)
+#   12-19: capture_ns u64 (house ns at rtp_ts)  20-23: drift_ppb i32
+#   24: mid_len u8  25..: mid (UTF-8)
+_ANCHOR = struct.Struct("!BBBBIIQiB")
+# FRAME record, 11 bytes:
+#   0: type u8 (=2)  1: track u8  2: flags u8 (source 0-1, keyframe 2, audio 3, generation 4-7)
+#   3-6: rtp_delta i32 (frame rtp_ts - anchor rtp_ts, serial arithmetic)
+#   7-10: residual_ns i32 (capture_ns - anchor prediction)
+_FRAME = struct.Struct("!BBBii")
+# CONTROL record inside a batch: 0: type u8 (=3)  1-2: length u16  3..: msgpack map
+_CONTROL = struct.Struct("!BH")
+
+_SOURCE_MASK = 0x03
+_FLAG_KEYFRAME = 0x04  # frame
+_FLAG_RESET = 0x04  # anchor: a new timeline; earlier anchors of the track are void
+_FLAG_AUDIO = 0x08
+_FLAG_ESTIMATED = 0x10  # anchor: publisher offset estimated, not from a clock join
+_GEN_SHIFT = 4
+GENERATIONS = 16
+
+_U32 = 0xFFFFFFFF
+_I32_MIN, _I32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+def _source(bits: int) -> Source:
+    try:
+        return Source(bits & _SOURCE_MASK)
+    except ValueError:
+        raise SyncWireError(ErrorKind.BAD_FIELD, f"reserved source code {bits & 3}") from None
+
+
+def signed32(value: int) -> int:
+    """RFC 1982 serial difference of two 32-bit RTP timestamps, as a signed int."""
+    value &= _U32
+    return value - (1 << 32) if value & 0x80000000 else value
+
+
+def _round_div(num: int, den: int) -> int:
+    # Round half up with floor division; JS reproduces it exactly with BigInt (syncwire.js).
+    return (2 * num + den) // (2 * den)
+
+
+def _need(data: bytes, offset: int, size: int, what: str) -> None:
+    if len(data) - offset < size:
+        raise SyncWireError(
+            ErrorKind.TRUNCATED, f"{what} needs {size} bytes at {offset}, {len(data) - offset} left"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AnchorRecord:
+    """A linear map, valid from ``rtp_ts`` on, from viewer RTP time to house capture time.
+
+    capture(rtp) = capture_ns + round(d * 1e9 * (1e9 + drift_ppb) / (clock_rate * 1e9))
+    with d the signed serial difference rtp - rtp_ts (RFC 1982 arithmetic over 32 bits).
+    """
+
+    track: int
+    generation: int
+    source: Source
+    clock_rate: int
+    rtp_ts: int
+    capture_ns: int
+    drift_ppb: int = 0
+    mid: str = ""
+    audio: bool = False
+    reset: bool = False
+    estimated: bool = False
+
+    type: ClassVar[RecordType] = RecordType.ANCHOR
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.track <= 0xFF:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"track {self.track} out of range")
+        if not 0 <= self.generation < GENERATIONS:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"generation {self.generation} not 0-15")
+        if not 0 < self.clock_rate <= _U32:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"clock rate {self.clock_rate}")
+        if not 0 <= self.rtp_ts <= _U32:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"rtp_ts {self.rtp_ts} out of range")
+        if not 0 <= self.capture_ns < (1 << 64):
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"capture_ns {self.capture_ns} out of range")
+        # A drift of ±10 % is no clock at all; refusing it keeps predictions sane.
+        if not -100_000_000 <= self.drift_ppb <= 100_000_000:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"drift {self.drift_ppb} ppb")
+        if len(self.mid.encode()) > 0xFF:
+            raise SyncWireError(ErrorKind.BAD_FIELD, "mid longer than 255 bytes")
+
+    @property
+    def size(self) -> int:
+        return _ANCHOR.size + len(self.mid.encode())
+
+    def predict(self, rtp_delta: int) -> int:
+        """House ns of the RTP timestamp ``rtp_ts + rtp_delta`` (delta already signed)."""
+        num = rtp_delta * NS_PER_S * (NS_PER_S + self.drift_ppb)
+        return self.capture_ns + _round_div(num, self.clock_rate * NS_PER_S)
+
+    def capture_of(self, rtp_ts: int) -> int:
+        """House ns of a 32-bit viewer RTP timestamp near this anchor."""
+        return self.predict(signed32(rtp_ts - self.rtp_ts))
+
+    def serialize(self) -> bytes:
+        flags = self.source | (_FLAG_RESET if self.reset else 0)
+        flags |= (_FLAG_AUDIO if self.audio else 0) | (_FLAG_ESTIMATED if self.estimated else 0)
+        mid = self.mid.encode()
+        return _ANCHOR.pack(
+            RecordType.ANCHOR, self.track, self.generation, flags, self.clock_rate,
+            self.rtp_ts, self.capture_ns, self.drift_ppb, len(mid),
+        ) + mid
+
+    @classmethod
+    def parse_from(cls, data: bytes, offset: int) -> tuple[AnchorRecord, int]:
+        _need(data, offset, _ANCHOR.size, "anchor")
+        _, track, gen, flags, rate, rtp_ts, capture_ns, drift, mid_len = _ANCHOR.unpack_from(
+            data, offset
+        )
+        offset += _ANCHOR.size
+        _need(data, offset, mid_len, "anchor mid")
+        try:
+            mid = data[offset : offset + mid_len].decode()
+        except UnicodeDecodeError:
+            raise SyncWireError(ErrorKind.BAD_FIELD, "mid is not UTF-8") from None
+        record = cls(
+            track=track, generation=gen, source=_source(flags), clock_rate=rate, rtp_ts=rtp_ts,
+            capture_ns=capture_ns, drift_ppb=drift, mid=mid, audio=bool(flags & _FLAG_AUDIO),
+            reset=bool(flags & _FLAG_RESET), estimated=bool(flags & _FLAG_ESTIMATED),
+        )
+        return record, offset + mid_len
+
+
+@dataclass(frozen=True, slots=True)
+class FrameRecord:
+    """One frame's capture time, as a delta against the anchor ``(track, generation)``."""
+
+    track: int
+    generation: int
+    source: Source
+    rtp_delta: int
+    residual_ns: int
+    keyframe: bool = False
+    audio: bool = False
+
+    type: ClassVar[RecordType] = RecordType.FRAME
+    size: ClassVar[int] = _FRAME.size
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.track <= 0xFF:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"track {self.track} out of range")
+        if not 0 <= self.generation < GENERATIONS:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"generation {self.generation} not 0-15")
+        if not _I32_MIN <= self.rtp_delta <= _I32_MAX:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"rtp_delta {self.rtp_delta} out of range")
+        if not _I32_MIN <= self.residual_ns <= _I32_MAX:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"residual {self.residual_ns} out of range")
+
+    @classmethod
+    def against(
+        cls, anchor: AnchorRecord, rtp_ts: int, capture_ns: int, source: Source,
+        *, keyframe: bool = False, audio: bool = False,
+    ) -> FrameRecord | None:
+        """The record for a frame, or None when it is too far from ``anchor`` to encode
+        (the caller then issues a new anchor at this frame)."""
+        delta = signed32(rtp_ts - anchor.rtp_ts)
+        residual = capture_ns - anchor.predict(delta)
+        if not _I32_MIN <= residual <= _I32_MAX:
+            return None
+        return cls(anchor.track, anchor.generation, source, delta, residual, keyframe, audio)
+
+    def rtp_ts(self, anchor: AnchorRecord) -> int:
+        return (anchor.rtp_ts + self.rtp_delta) & _U32
+
+    def capture_ns(self, anchor: AnchorRecord) -> int:
+        return anchor.predict(self.rtp_delta) + self.residual_ns
+
+    def serialize(self) -> bytes:
+        flags = self.source | (self.generation << _GEN_SHIFT)
+        flags |= (_FLAG_KEYFRAME if self.keyframe else 0) | (_FLAG_AUDIO if self.audio else 0)
+        return _FRAME.pack(RecordType.FRAME, self.track, flags, self.rtp_delta, self.residual_ns)
+
+    @classmethod
+    def parse_from(cls, data: bytes, offset: int) -> tuple[FrameRecord, int]:
+        _need(data, offset, _FRAME.size, "frame")
+        _, track, flags, delta, residual = _FRAME.unpack_from(data, offset)
+        record = cls(
+            track=track, generation=flags >> _GEN_SHIFT, source=_source(flags), rtp_delta=delta,
+            residual_ns=residual, keyframe=bool(flags & _FLAG_KEYFRAME),
+            audio=bool(flags & _FLAG_AUDIO),
+        )
+        return record, offset + _FRAME.size
+
+
+# --- control messages (msgpack maps) -------------------------------------------------------
+
+# Field schemas: name -> python type. Order is the serialisation order (after "type"), so the
+# bytes are canonical and the JS codec reproduces them exactly.
+_STR, _INT, _FLOAT, _BOOL = str, int, float, bool
+
+
+@dataclass(frozen=True, slots=True)
+class Epoch:
+    """The stream's epoch: stream time 0 in house ns (DESIGN.md "Timelines")."""
+
+    stream: str
+    epoch_ns: int
+    type: ClassVar[str] = "epoch"
+
+
+@dataclass(frozen=True, slots=True)
+class Cue:
+    """Caption cue add or update (same ``id`` replaces); times in stream seconds."""
+
+    stream: str
+    lang: str
+    id: str
+    start: float
+    end: float
+    text: str
+    final: bool
+    type: ClassVar[str] = "cue"
+
+
+@dataclass(frozen=True, slots=True)
+class CueRetract:
+    stream: str
+    lang: str
+    id: str
+    type: ClassVar[str] = "cue_retract"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReq:
+    """Clock join, see ``proto/clock.md``."""
+
+    t1: int
+    type: ClassVar[str] = "clock_req"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockResp:
+    t1: int
+    t2: int
+    t3: int
+    type: ClassVar[str] = "clock_resp"
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReport:
+    offset_ns: int
+    error_ns: int
+    rtt_ns: int
+    type: ClassVar[str] = "clock_report"
+
+
+@dataclass(frozen=True, slots=True)
+class Telemetry:
+    """What a viewer reports about its own mapping, a few times a minute."""
+
+    stream: str
+    t_ns: int  # viewer's house-time estimate when it sent this
+    presented: int  # frames presented since the last report
+    mapped: int  # of those, frames that mapped to a capture time
+    lost_batches: int  # gaps seen in batch seq since the last report
+    type: ClassVar[str] = "telemetry"
+
+
+@dataclass(frozen=True, slots=True)
+class UnknownControl:
+    """A control map whose ``type`` this version does not know; kept, not refused, so a
+    newer peer's additions never cost the records travelling with them."""
+
+    type: str
+    fields: Mapping[str, Any] = field(default_factory=dict)
+
+
+Control = Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry | UnknownControl
+KnownControl = Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry
+
+CONTROL_TYPES: dict[str, type[KnownControl]] = {
+    cls.type: cls for cls in (Epoch, Cue, CueRetract, ClockReq, ClockResp, ClockReport, Telemetry)
+}
+_I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def _control_fields(cls: type[KnownControl]) -> list[tuple[str, type]]:
+    # Annotations are strings under ``from __future__ import annotations``.
+    hints: dict[str, type] = {"str": _STR, "int": _INT, "float": _FLOAT, "bool": _BOOL}
+    return [(f.name, hints[str(f.type)]) for f in fields(cls)]
+
+
+_SCHEMAS: dict[str, list[tuple[str, type]]] = {
+    name: _control_fields(cls) for name, cls in CONTROL_TYPES.items()
+}
+
+
+def _check_value(kind: type, value: Any, name: str) -> Any:
+    if kind is _FLOAT:
+        # An integral float may arrive packed as an int from a JS peer; both mean the same.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be a number")
+        if not math.isfinite(value):
+            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be finite")
+        return float(value)
+    if kind is _INT:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be an integer")
+        if not _I64_MIN <= value <= _U64_MAX:
+            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} out of 64-bit range")
+        return value
+    if not isinstance(value, kind):
+        raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be {kind.__name__}")
+    return value
+
+
+def control_from_map(obj: Any) -> Control:
+    """Validate a decoded msgpack value as a control message. Unknown keys are ignored so
+    later versions can add fields."""
+    if not isinstance(obj, dict):
+        raise SyncWireError(ErrorKind.BAD_CONTROL, "control payload is not a map")
+    kind = obj.get("type")
+    if not isinstance(kind, str):
+        raise SyncWireError(ErrorKind.BAD_CONTROL, "control map without a string 'type'")
+    schema = _SCHEMAS.get(kind)
+    if schema is None:
+        return UnknownControl(kind, {k: v for k, v in obj.items() if k != "type"})
+    values: dict[str, Any] = {}
+    for name, ftype in schema:
+        if name not in obj:
+            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{kind} without {name!r}")
+        values[name] = _check_value(ftype, obj[name], name)
+    return CONTROL_TYPES[kind](**values)
+
+
+def control_to_map(msg: Control) -> dict[str, Any]:
+    if isinstance(msg, UnknownControl):
+        return {"type": msg.type, **msg.fields}
+    out: dict[str, Any] = {"type": msg.type}
+    for name, ftype in _SCHEMAS[msg.type]:
+        value = getattr(msg, name)
+        out[name] = float(value) if ftype is _FLOAT else value
+    return out
+
+
+def pack_control(msg: Control) -> bytes:
+    """msgpack bytes of a control map (float64 for floats, str type for text: canonical)."""
+    try:
+        packed: bytes = msgpack.packb(control_to_map(msg), use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:
+        raise SyncWireError(ErrorKind.BAD_CONTROL, f"cannot pack: {exc}") from None
+    return packed
+
+
+def unpack_control(payload: bytes) -> Control:
+    try:
+        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True)
+    except msgpack.ExtraData:
+        raise SyncWireError(ErrorKind.TRAILING_BYTES, "bytes after the msgpack map") from None
+    except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same
+        raise SyncWireError(ErrorKind.BAD_CONTROL, f"bad msgpack: {type(exc).__name__}") from None
+    return control_from_map(obj)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlRecord:
+    """A control message travelling inside a batch."""
+
+    message: Control
+    type: ClassVar[RecordType] = RecordType.CONTROL
+
+    def serialize(self) -> bytes:
+        payload = pack_control(self.message)
+        if len(payload) > 0xFFFF:
+            raise SyncWireError(ErrorKind.TOO_LARGE, "control record over 65535 bytes")
+        return _CONTROL.pack(RecordType.CONTROL, len(payload)) + payload
+
+    @property
+    def size(self) -> int:
+        return _CONTROL.size + len(pack_control(self.message))
+
+    @classmethod
+    def parse_from(cls, data: bytes, offset: int) -> tuple[ControlRecord, int]:
+        _need(data, offset, _CONTROL.size, "control record")
+        _, length = _CONTROL.unpack_from(data, offset)
+        offset += _CONTROL.size
+        _need(data, offset, length, "control payload")
+        return cls(unpack_control(data[offset : offset + length])), offset + length
+
+
+Record = AnchorRecord | FrameRecord | ControlRecord
+
+_RECORD_PARSERS: dict[int, Any] = {
+    RecordType.ANCHOR: AnchorRecord.parse_from,
+    RecordType.FRAME: FrameRecord.parse_from,
+    RecordType.CONTROL: ControlRecord.parse_from,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """One BATCH message: a sequence number and up to 255 records."""
+
+    seq: int
+    records: tuple[Record, ...] = ()
+
+    kind: ClassVar[MessageKind] = MessageKind.BATCH
+    header_size: ClassVar[int] = _ENVELOPE.size + _BATCH.size
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.seq <= 0xFFFF:
+            raise SyncWireError(ErrorKind.BAD_FIELD, f"seq {self.seq} out of range")
+        if len(self.records) > 0xFF:
+            raise SyncWireError(ErrorKind.TOO_LARGE, "more than 255 records in one batch")
+
+    def serialize(self) -> bytes:
+        parts = [
+            _ENVELOPE.pack(VERSION, MessageKind.BATCH), _BATCH.pack(self.seq, len(self.records))
+        ]
+        parts.extend(r.serialize() for r in self.records)
+        return b"".join(parts)
+
+
+@dataclass(frozen=True, slots=True)
+class ControlMessage:
+    """One CONTROL message: a single msgpack map after the envelope."""
+
+    message: Control
+    kind: ClassVar[MessageKind] = MessageKind.CONTROL
+
+    def serialize(self) -> bytes:
+        return _ENVELOPE.pack(VERSION, MessageKind.CONTROL) + pack_control(self.message)
+
+
+Message = Batch | ControlMessage
+
+
+def parse_message(data: bytes | bytearray | memoryview) -> Message:
+    """Decode one DataChannel message; raises :class:`SyncWireError` on anything malformed."""
+    data = bytes(data)
+    if len(data) > MAX_MESSAGE:
+        raise SyncWireError(ErrorKind.TOO_LARGE, f"{len(data)} bytes")
+    _need(data, 0, _ENVELOPE.size, "envelope")
+    version, kind = _ENVELOPE.unpack_from(data, 0)
+    if version != VERSION:
+        raise SyncWireError(ErrorKind.BAD_VERSION, f"version {version}, expected {VERSION}")
+    if kind == MessageKind.CONTROL:
+        return ControlMessage(unpack_control(data[_ENVELOPE.size :]))
+    if kind != MessageKind.BATCH:
+        raise SyncWireError(ErrorKind.UNKNOWN_TYPE, f"message kind {kind}")
+    _need(data, _ENVELOPE.size, _BATCH.size, "batch header")
+    seq, count = _BATCH.unpack_from(data, _ENVELOPE.size)
+    offset = Batch.header_size
+    records: list[Record] = []
+    for _ in range(count):
+        _need(data, offset, 1, "record type")
+        parser = _RECORD_PARSERS.get(data[offset])
+        if parser is None:
+            raise SyncWireError(ErrorKind.UNKNOWN_TYPE, f"record type {data[offset]} at {offset}")
+        record, offset = parser(data, offset)
+        records.append(record)
+    if offset != len(data):
+        raise SyncWireError(ErrorKind.TRAILING_BYTES, f"{len(data) - offset} bytes after records")
+    return Batch(seq, tuple(records))
