@@ -432,12 +432,18 @@ def pack_control(msg: Control) -> bytes:
 
 
 def unpack_control(payload: bytes) -> Control:
+    # An Unpacker, not unpackb: it tells an incomplete map (a cut message: "truncated", as
+    # for binary records) from bytes that are not msgpack at all.
+    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=MAX_MESSAGE)
     try:
-        obj = msgpack.unpackb(payload, raw=False, strict_map_key=True)
-    except msgpack.ExtraData:
-        raise SyncWireError(ErrorKind.TRAILING_BYTES, "bytes after the msgpack map") from None
+        unpacker.feed(payload)
+        obj = unpacker.unpack()
+    except msgpack.OutOfData:
+        raise SyncWireError(ErrorKind.TRUNCATED, "msgpack map cut short") from None
     except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same
         raise SyncWireError(ErrorKind.BAD_CONTROL, f"bad msgpack: {type(exc).__name__}") from None
+    if unpacker.tell() != len(payload):
+        raise SyncWireError(ErrorKind.TRAILING_BYTES, "bytes after the msgpack map")
     return control_from_map(obj)
 
 
