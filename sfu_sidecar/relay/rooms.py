@@ -1,0 +1,130 @@
+"""Streams: one publisher slot, its viewers, and one forwarder per track kind.
+
+A stream outlives its publisher: viewers stay attached to the forwarders, so a publisher that
+drops and comes back continues the same tracks (sequence numbers and timestamps keep rising).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sfu_sidecar import logs
+from sfu_sidecar.exceptions import Conflict, NotFound
+from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
+from sfu_sidecar.relay.sdp import CodecInfo
+
+if TYPE_CHECKING:
+    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+
+log = logs.get("relay.rooms")
+
+
+class Stream:
+    def __init__(self, name: str, on_empty: Any = None) -> None:
+        self.name = name
+        self.publisher: PublisherSession | None = None
+        self.viewers: dict[str, ViewerSession] = {}
+        self.tracks: dict[str, TrackForwarder] = {}
+        # The codec each kind is forwarded as: the last publisher's, else the first viewer's.
+        self.codecs: dict[str, CodecInfo] = {}
+        self.publishers_seen = 0
+        self._on_empty = on_empty
+
+    def forwarder(self, kind: str, codec: CodecInfo) -> TrackForwarder:
+        fw = self.tracks.get(kind)
+        if fw is None:
+            fw = TrackForwarder(kind, codec.name, codec.clock_rate)
+            self.tracks[kind] = fw
+            self.codecs.setdefault(kind, codec)
+        elif fw.codec != codec.name:
+            # A publisher with another codec: viewers negotiated for the old one cannot decode
+            # it and the relay never transcodes, so they are detached (they stay connected).
+            for output in list(fw.outputs):
+                log.warning("viewer %s on %s: codec changed %s -> %s, detaching %s",
+                            output.viewer_id[:8], self.name, fw.codec, codec.name, kind)
+                fw.remove_output(output)
+        return fw
+
+    def claim_publisher(self, session: PublisherSession) -> None:
+        if self.publisher is not None and not self.publisher.closed.is_set():
+            raise Conflict(f"stream {self.name} already has a publisher")
+        self.publisher = session
+        self.publishers_seen += 1
+
+    def publisher_closed(self, session: PublisherSession) -> None:
+        if self.publisher is session:
+            self.publisher = None
+        self._maybe_empty()
+
+    def viewer_added(self, session: ViewerSession) -> None:
+        self.viewers[session.id] = session
+
+    def viewer_connected(self, session: ViewerSession) -> None:
+        for kind, output in session.tracks.items():
+            fw = self.tracks.get(kind)
+            codec = self.codecs.get(kind)
+            if fw is not None and (codec is None or fw.codec == codec.name):
+                fw.add_output(output)
+
+    def viewer_closed(self, session: ViewerSession) -> None:
+        self.viewers.pop(session.id, None)
+        for kind, output in session.tracks.items():
+            fw = self.tracks.get(kind)
+            if fw is not None:
+                fw.remove_output(output)
+        self._maybe_empty()
+
+    def keyframe_requested(self, output: ViewerOutput, now_ns: int) -> None:
+        fw = self.tracks.get(output.kind)
+        if fw is None or output not in fw.outputs:
+            return
+        if fw.request_keyframe(now_ns, output) and self.publisher is not None:
+            for track in self.publisher.tracks:
+                if track.kind == output.kind:
+                    self.publisher.send_keyframe_request(track)
+
+    def _maybe_empty(self) -> None:
+        if self.publisher is None and not self.viewers and self._on_empty is not None:
+            self._on_empty(self)
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "stream": self.name,
+            "publisher": self.publisher.status() if self.publisher is not None else None,
+            "publishers_seen": self.publishers_seen,
+            "tracks": {
+                kind: {
+                    "codec": fw.codec,
+                    "packets": fw.packets_in,
+                    "keyframes": fw.keyframes_in,
+                    "keyframe_requests_sent": fw.keyframe_requests_sent,
+                    "viewers": len(fw.outputs),
+                }
+                for kind, fw in self.tracks.items()
+            },
+            "viewers": [v.status() for v in self.viewers.values()],
+        }
+
+
+class Rooms:
+    """Every stream by name; a stream disappears when it has neither publisher nor viewers."""
+
+    def __init__(self) -> None:
+        self.streams: dict[str, Stream] = {}
+
+    def get_or_create(self, name: str) -> Stream:
+        stream = self.streams.get(name)
+        if stream is None:
+            stream = Stream(name, on_empty=self._drop)
+            self.streams[name] = stream
+        return stream
+
+    def get(self, name: str) -> Stream:
+        stream = self.streams.get(name)
+        if stream is None:
+            raise NotFound(f"no stream {name}")
+        return stream
+
+    def _drop(self, stream: Stream) -> None:
+        if self.streams.get(stream.name) is stream:
+            del self.streams[stream.name]

@@ -1,0 +1,170 @@
+"""The relay as an application component: routes, sessions, metrics, lifetime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from sfu_sidecar import logs
+from sfu_sidecar.config import Settings
+from sfu_sidecar.metrics import NAMESPACE, Metrics
+from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
+from sfu_sidecar.relay.rooms import Rooms
+from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+from sfu_sidecar.relay.whip import WhipRoutes
+
+log = logs.get("relay")
+
+DEFAULT_HEADER_EXTENSIONS: tuple[tuple[str, str], ...] = (
+    ("audio", ABS_CAPTURE_TIME),
+    ("video", ABS_CAPTURE_TIME),
+)
+
+
+class RelayService:
+    """WHIP in, WHEP out, RTP forwarded packet by packet.
+
+    ``now_ns`` is the house clock (Unix-epoch ns); arrival times handed to observers and the
+    times the pure cores work with come from it. ``header_extensions`` are (kind, URI) pairs
+    negotiated with publishers and viewers on top of aiortc's own (process-wide, see
+    ``aiortc_adapter.negotiate_header_extension``); the publisher's values are forwarded to
+    every viewer that negotiated the same URI. ``observers``: see ``relay/hooks.py``.
+    """
+
+    name = "relay"
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        *,
+        now_ns: Callable[[], int] = time.time_ns,
+        header_extensions: Sequence[tuple[str, str]] = DEFAULT_HEADER_EXTENSIONS,
+        observers: Iterable[RelayObserver] = (),
+    ) -> None:
+        self.settings = settings
+        self.metrics = metrics
+        self.now_ns = now_ns
+        self.header_extensions = tuple(header_extensions)
+        self.observers: list[RelayObserver] = list(observers)
+        self.rooms = Rooms()
+        self._routes = WhipRoutes(self)
+        self._closed_totals = {"publishers": 0, "viewers": 0}
+        metrics.registry.register(_RelayCollector(self))
+
+    def add_observer(self, observer: RelayObserver) -> None:
+        self.observers.append(observer)
+
+    def add_routes(self, app: web.Application) -> None:
+        self._routes.add(app)
+
+    async def start(self) -> None:
+        await adapter.check()
+        for kind, uri in self.header_extensions:
+            adapter.negotiate_header_extension(kind, uri)
+
+    async def stop(self) -> None:
+        sessions: list[PublisherSession | ViewerSession] = []
+        for stream in list(self.rooms.streams.values()):
+            if stream.publisher is not None:
+                sessions.append(stream.publisher)
+            sessions.extend(stream.viewers.values())
+        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+
+    async def publish(self, name: str, offer: str) -> PublisherSession:
+        stream = self.rooms.get_or_create(name)
+        session = PublisherSession(stream, self.settings, self.now_ns, self.observers)
+        stream.claim_publisher(session)
+        try:
+            await session.negotiate(offer)
+        except BaseException:
+            await session.close()
+            raise
+        self._closed_totals["publishers"] += 1
+        return session
+
+    async def view(self, name: str, offer: str) -> ViewerSession:
+        stream = self.rooms.get_or_create(name)
+        session = ViewerSession(stream, self.settings, self.now_ns, self.observers)
+        stream.viewer_added(session)
+        try:
+            await session.negotiate(offer)
+        except BaseException:
+            await session.close()
+            raise
+        self._closed_totals["viewers"] += 1
+        return session
+
+    def find_session(self, stream_name: str, session_id: str) -> (
+        PublisherSession | ViewerSession | None
+    ):
+        stream = self.rooms.streams.get(stream_name)
+        if stream is None:
+            return None
+        if stream.publisher is not None and stream.publisher.id == session_id:
+            return stream.publisher
+        return stream.viewers.get(session_id)
+
+    def latency_samples_ns(self) -> list[int]:
+        """Receive-to-forwarded times of recent publisher packets, across streams."""
+        out: list[int] = []
+        for stream in self.rooms.streams.values():
+            if stream.publisher is not None:
+                out.extend(stream.publisher.counters.latency_ns)
+        return out
+
+
+class _RelayCollector(Collector):
+    """Relay counters read at scrape time: the packet path only bumps plain integers."""
+
+    def __init__(self, service: RelayService) -> None:
+        self.service = service
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        s = self.service
+        packets_in = CounterMetricFamily(
+            f"{NAMESPACE}_relay_packets_received", "RTP packets received from publishers",
+            labels=["stream", "kind"],
+        )
+        packets_out = CounterMetricFamily(
+            f"{NAMESPACE}_relay_packets_forwarded", "RTP packets sent to viewers",
+            labels=["stream", "kind"],
+        )
+        nacks = CounterMetricFamily(
+            f"{NAMESPACE}_relay_retransmissions", "packets re-sent to viewers on NACK",
+            labels=["stream", "kind"],
+        )
+        plis = CounterMetricFamily(
+            f"{NAMESPACE}_relay_keyframe_requests", "keyframe requests sent to publishers",
+            labels=["stream", "kind"],
+        )
+        viewers = GaugeMetricFamily(
+            f"{NAMESPACE}_relay_viewers", "viewer sessions", labels=["stream"]
+        )
+        publishers = GaugeMetricFamily(
+            f"{NAMESPACE}_relay_publishers", "live publisher sessions"
+        )
+        sessions = CounterMetricFamily(
+            f"{NAMESPACE}_relay_sessions", "sessions accepted", labels=["role"]
+        )
+        live = 0
+        for stream in list(s.rooms.streams.values()):
+            live += stream.publisher is not None
+            viewers.add_metric([stream.name], len(stream.viewers))
+            for kind, fw in stream.tracks.items():
+                packets_in.add_metric([stream.name, kind], fw.packets_in)
+                packets_out.add_metric(
+                    [stream.name, kind], sum(o.packets_sent for o in fw.outputs)
+                )
+                nacks.add_metric([stream.name, kind], sum(o.retransmitted for o in fw.outputs))
+                plis.add_metric([stream.name, kind], fw.keyframe_requests_sent)
+        publishers.add_metric([], live)
+        sessions.add_metric(["publisher"], s._closed_totals["publishers"])
+        sessions.add_metric(["viewer"], s._closed_totals["viewers"])
+        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, sessions)

@@ -1,0 +1,641 @@
+"""aiortc glue: one publisher or viewer peer connection, wired to the stream's forwarders.
+
+All packet work happens in the callbacks aiortc_adapter installs: publisher RTP arrives, is
+parsed once, pushed through the track's forwarder, and the per-viewer copies are handed to each
+viewer's socket right away (UDP ``sendto`` never waits, so no viewer can hold up another).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpReceiver,
+    RTCSessionDescription,
+)
+from aiortc.rtcconfiguration import RTCBundlePolicy
+from aiortc.rtcdatachannel import RTCDataChannel
+from aiortc.rtcrtpparameters import RTCRtpCodecCapability
+
+from sfu_sidecar import logs
+from sfu_sidecar.config import Settings
+from sfu_sidecar.exceptions import BadInput, NotAcceptable
+from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay import rtcp
+from sfu_sidecar.relay import sdp as sdpmod
+from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutput
+from sfu_sidecar.relay.hooks import ABS_SEND_TIME, RelayObserver, SenderReport
+from sfu_sidecar.relay.packet import RtpPacket, RtpParseError, unwrap_rtx
+from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
+
+if TYPE_CHECKING:
+    from sfu_sidecar.relay.rooms import Stream
+
+log = logs.get("relay.session")
+
+TICK_S = 0.05  # NACK retries and keyframe requests are decided this often
+RTCP_INTERVAL_NS = 1_000_000_000  # RR/SR about once a second (RFC 3550 §6.2 minimum is 5 s;
+# WebRTC stacks report every second, and lip sync in browsers waits for the first SR)
+LATENCY_SAMPLES = 8192
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def _later(coro: Coroutine[Any, Any, None]) -> None:
+    # Closing from inside an aiortc callback must not await there; keep the task referenced.
+    task = asyncio.ensure_future(coro)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+def rtc_configuration() -> RTCConfiguration:
+    # No STUN/TURN on the relay's side: it announces its configured addresses. aiortc would
+    # otherwise default to a public Google STUN server.
+    return RTCConfiguration(iceServers=[], bundlePolicy=RTCBundlePolicy.MAX_BUNDLE)
+
+
+def codec_capabilities(kind: str, codec: sdpmod.CodecInfo) -> list[RTCRtpCodecCapability]:
+    """aiortc's capability for exactly ``codec`` plus RTX, to pin what an answer may contain."""
+    caps = RTCRtpReceiver.getCapabilities(kind)
+    assert caps is not None
+    matches = [
+        cap for cap in caps.codecs
+        if cap.mimeType.split("/")[1].lower() == codec.name
+        and (codec.name != "h264" or str(cap.parameters.get("packetization-mode")) == "1")
+    ]
+    if codec.name == "h264":
+        want = str(codec.parameters.get("profile-level-id", "")).lower()
+        exact = [c for c in matches if str(c.parameters.get("profile-level-id")).lower() == want]
+        matches = exact or matches
+    chosen = matches[:1]
+    rtx = [c for c in caps.codecs if c.mimeType.lower().endswith("/rtx")]
+    return chosen + rtx[:1] if kind == "video" else chosen
+
+
+class IdleTrack(MediaStreamTrack):
+    """Gives a relay sender a track for its SDP; the sender is silenced, so it is never read."""
+
+    def __init__(self, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+
+    async def recv(self) -> Any:
+        await asyncio.Event().wait()
+
+
+@dataclass(eq=False)
+class PublisherTrack:
+    """One incoming track of a publisher session."""
+
+    kind: str
+    mid: str | None
+    codec: sdpmod.CodecInfo
+    rtx_payload_type: int | None
+    forwarder: TrackForwarder
+    stats: ReceiveStatistics
+    nack: NackGenerator | None
+    extensions: dict[str, int]
+    rtx_ssrcs: dict[int, int]
+    media_ssrc: int | None = None
+    rtx_packets: int = 0
+    last_sr: SenderReport | None = None
+    last_sr_arrival_ns: int = 0
+    bitrate_bps: float = 0.0
+    _window_octets: int = 0
+    _window_start_ns: int = 0
+
+
+@dataclass
+class SessionCounters:
+    parse_errors: int = 0
+    unknown_payload: int = 0
+    send_errors: int = 0
+    rtcp_errors: int = 0
+    latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
+
+
+class PublisherSession:
+    """A WHIP publisher: receives RTP/RTCP, feeds the stream's forwarders, reports upstream."""
+
+    def __init__(
+        self,
+        stream: Stream,
+        settings: Settings,
+        now_ns: Callable[[], int],
+        observers: list[RelayObserver],
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.stream = stream
+        self.settings = settings
+        self.now_ns = now_ns
+        self.observers = observers
+        self.pc = RTCPeerConnection(rtc_configuration())
+        self.tracks: list[PublisherTrack] = []
+        self.counters = SessionCounters()
+        self.state = "new"
+        self.created_ns = now_ns()
+        self.ice_ufrag: str | None = None
+        self.ice_pwd: str | None = None
+        self.closed = asyncio.Event()
+        self._routes: dict[int, tuple[PublisherTrack, bool]] = {}
+        self._send_rtcp: Callable[[bytes], None] | None = None
+        self._rtcp_ssrc = 0
+        self._last_packet_mono = time.monotonic()
+        self._tick_task: asyncio.Task[None] | None = None
+        self._remb: Any = None
+
+    async def negotiate(self, offer_text: str) -> str:
+        offer = sdpmod.parse(offer_text, what="offer")
+        sdpmod.check_offer(offer, publishing=True)
+        self.ice_ufrag, self.ice_pwd = offer.ice_ufrag, offer.ice_pwd
+        text, dropped = sdpmod.strip_mdns_candidates(offer_text)
+        chosen: dict[str, sdpmod.CodecInfo] = {}
+        for m in offer.media:
+            codec = next(c for c in m.codecs if c.forwardable)
+            chosen[m.kind] = codec
+            transceiver = self.pc.addTransceiver(m.kind, direction="recvonly")
+            transceiver.setCodecPreferences(codec_capabilities(m.kind, codec))
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(text, "offer"))
+        except Exception as exc:  # aiortc raises assorted types for offers it cannot take
+            raise BadInput(f"offer refused: {exc}") from None
+        adapter.install_ice(self.pc, self.settings.ice_addresses, self.settings.ice_port_range)
+        for dtls in adapter.dtls_transports(self.pc):
+            adapter.on_rtp(dtls, self._on_rtp)
+            adapter.on_rtcp(dtls, self._on_rtcp)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        answer_text = self.pc.localDescription.sdp
+        answer = sdpmod.parse(answer_text, what="answer")
+        self._rtcp_ssrc = adapter.rtcp_ssrc(self.pc)
+        self._remb = adapter.RemoteBitrateEstimator()
+        for m_offer, m in zip(offer.media, answer.media, strict=True):
+            codec = m.primary
+            forwarder = self.stream.forwarder(m.kind, codec)
+            track = PublisherTrack(
+                kind=m.kind,
+                mid=m.mid,
+                codec=codec,
+                rtx_payload_type=m.rtx_for(codec.payload_type),
+                forwarder=forwarder,
+                stats=ReceiveStatistics(codec.clock_rate),
+                nack=NackGenerator() if m.kind == "video" else None,
+                extensions=m.extensions,
+                rtx_ssrcs=m_offer.rtx_ssrcs,
+            )
+            ssrcs = [s for s in m_offer.ssrcs if s not in m_offer.rtx_ssrcs]
+            track.media_ssrc = ssrcs[0] if ssrcs else None
+            forwarder.set_source({i: u for u, i in m.extensions.items()}, codec.name,
+                                 codec.clock_rate)
+            self.tracks.append(track)
+            self._routes[codec.payload_type] = (track, False)
+            if track.rtx_payload_type is not None:
+                self._routes[track.rtx_payload_type] = (track, True)
+        self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
+        self.pc.on("connectionstatechange", self._on_state)
+        self._tick_task = asyncio.create_task(self._tick(), name=f"publisher-{self.id[:8]}")
+        log.info("publisher %s on %s: %s (%d mDNS candidates dropped)", self.id[:8],
+                 self.stream.name, ", ".join(f"{t.kind} {t.codec.name}" for t in self.tracks),
+                 dropped)
+        return str(answer_text)
+
+    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
+        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
+        for cand in trickle.candidates:
+            await self.pc.addIceCandidate(cand)
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        self.state = state
+        if state == "connected":
+            dtls = adapter.dtls_transports(self.pc)[0]
+            _, self._send_rtcp = adapter.rtp_sender(dtls)
+        elif state in ("failed", "closed"):
+            _later(self.close())
+
+    # --- packet path ----------------------------------------------------------------------
+
+    def _on_rtp(self, data: bytes, arrival_ms: int) -> None:
+        started = time.perf_counter_ns()
+        self._last_packet_mono = time.monotonic()
+        arrival_ns = self.now_ns()
+        try:
+            pkt = RtpPacket.parse(data)
+        except RtpParseError:
+            self.counters.parse_errors += 1
+            return
+        route = self._routes.get(pkt.payload_type)
+        if route is None:
+            self.counters.unknown_payload += 1
+            return
+        track, is_rtx = route
+        if is_rtx:
+            media_ssrc = track.rtx_ssrcs.get(pkt.ssrc, track.media_ssrc)
+            if media_ssrc is None or not pkt.payload:
+                return  # padding-only RTX (bandwidth probes) carries nothing to forward
+            try:
+                osn, payload = unwrap_rtx(pkt.payload)
+            except RtpParseError:
+                self.counters.parse_errors += 1
+                return
+            track.rtx_packets += 1
+            pkt = RtpPacket(track.codec.payload_type, osn, pkt.timestamp, media_ssrc,
+                            pkt.marker, payload, pkt.extensions, pkt.csrcs)
+            if track.nack is not None:
+                track.nack.add(osn, arrival_ns)
+        else:
+            if track.media_ssrc != pkt.ssrc and track.forwarder.source_ssrc is None:
+                track.media_ssrc = pkt.ssrc
+            track.stats.add(pkt.sequence_number, pkt.timestamp, arrival_ns)
+            if track.nack is not None:
+                lost = track.nack.add(pkt.sequence_number, arrival_ns)
+                if lost:
+                    self._rtcp(rtcp.build_nack(self._rtcp_ssrc, pkt.ssrc, lost))
+            self._feed_remb(track, pkt, arrival_ms)
+            track._window_octets += len(data)
+            if arrival_ns - track._window_start_ns >= 1_000_000_000:
+                if track._window_start_ns:
+                    span = arrival_ns - track._window_start_ns
+                    track.bitrate_bps = track._window_octets * 8e9 / span
+                track._window_start_ns = arrival_ns
+                track._window_octets = 0
+        for output, out in track.forwarder.push(pkt, arrival_ns, arrival_ns):
+            transmit = output.transmit
+            if transmit is None:
+                continue
+            try:
+                transmit(out)
+            except Exception:  # a broken viewer loses its packet, nobody else does
+                self.counters.send_errors += 1
+                output.send_errors += 1
+        self.counters.latency_ns.append(time.perf_counter_ns() - started)
+
+    def _feed_remb(self, track: PublisherTrack, pkt: RtpPacket, arrival_ms: int) -> None:
+        ext_id = track.extensions.get(ABS_SEND_TIME)
+        if ext_id is None:
+            return
+        for i, value in pkt.extensions:
+            if i == ext_id and len(value) == 3:
+                remb = self._remb.add(
+                    arrival_time_ms=arrival_ms,
+                    abs_send_time=int.from_bytes(value, "big"),
+                    payload_size=len(pkt.payload),
+                    ssrc=pkt.ssrc,
+                )
+                if remb is not None:
+                    bitrate, ssrcs = remb
+                    self._rtcp(rtcp.build_remb(self._rtcp_ssrc, int(bitrate), list(ssrcs)))
+                return
+
+    def _on_rtcp(self, data: bytes) -> None:
+        arrival_ns = self.now_ns()
+        try:
+            messages = rtcp.parse_compound(data, arrival_ns)
+        except ValueError:
+            self.counters.rtcp_errors += 1
+            return
+        for msg in messages:
+            if isinstance(msg, rtcp.SenderReportPacket):
+                for track in self.tracks:
+                    if track.media_ssrc == msg.ssrc:
+                        track.last_sr = msg.info
+                        track.last_sr_arrival_ns = arrival_ns
+                        track.forwarder.note_sender_report(msg.ssrc, msg.info)
+                        for observer in self.observers:
+                            try:
+                                observer.publisher_sender_report(
+                                    self.stream.name, track.kind, msg.info
+                                )
+                            except Exception:
+                                log.exception("observer failed on a sender report")
+
+    def _rtcp(self, data: bytes) -> None:
+        if self._send_rtcp is None:
+            return
+        with contextlib.suppress(ConnectionError):
+            self._send_rtcp(data)
+
+    def send_keyframe_request(self, track: PublisherTrack) -> None:
+        if track.media_ssrc is not None:
+            self._rtcp(rtcp.build_pli(self._rtcp_ssrc, track.media_ssrc))
+
+    # --- periodic -------------------------------------------------------------------------
+
+    def _receiver_report(self) -> bytes | None:
+        now = self.now_ns()
+        blocks = []
+        for track in self.tracks:
+            if track.media_ssrc is None or not track.stats.started:
+                continue
+            lsr = dlsr = 0
+            if track.last_sr is not None:
+                lsr = rtcp.lsr_of(track.last_sr.ntp_timestamp)
+                dlsr = max(0, (now - track.last_sr_arrival_ns) * 65536 // 1_000_000_000)
+            blocks.append((track.media_ssrc, track.stats.report(), lsr, dlsr & 0xFFFFFFFF))
+        return rtcp.build_rr(self._rtcp_ssrc, blocks) if blocks else None
+
+    async def _tick(self) -> None:
+        next_report = 0
+        timeout_s = self.settings.publisher_timeout_s
+        while not self.closed.is_set():
+            await asyncio.sleep(TICK_S)
+            now = self.now_ns()
+            for track in self.tracks:
+                if track.nack is not None and track.media_ssrc is not None:
+                    due = track.nack.due(now)
+                    if due:
+                        self._rtcp(rtcp.build_nack(self._rtcp_ssrc, track.media_ssrc, due))
+                if track.forwarder.keyframe_due(now):
+                    self.send_keyframe_request(track)
+            mono = time.monotonic_ns()
+            if mono >= next_report:
+                next_report = mono + int(RTCP_INTERVAL_NS * (0.5 + random.random()))
+                report = self._receiver_report()
+                if report is not None:
+                    self._rtcp(report)
+            if time.monotonic() - self._last_packet_mono > timeout_s:
+                log.info("publisher %s on %s: no media for %.0f s, dropping", self.id[:8],
+                         self.stream.name, timeout_s)
+                _later(self.close())
+                return
+
+    async def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        self.state = "closed"
+        if self._tick_task is not None and self._tick_task is not asyncio.current_task():
+            self._tick_task.cancel()
+        self.stream.publisher_closed(self)
+        await self.pc.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "tracks": [
+                {
+                    "kind": t.kind,
+                    "codec": t.codec.name,
+                    "payload_type": t.codec.payload_type,
+                    "ssrc": t.media_ssrc,
+                    "packets": t.stats.packets_received,
+                    "rtx_packets": t.rtx_packets,
+                    "bitrate_bps": round(t.bitrate_bps),
+                    "nacks_sent": t.nack.nacked if t.nack is not None else 0,
+                    "keyframe_requests_sent": t.forwarder.keyframe_requests_sent,
+                }
+                for t in self.tracks
+            ],
+            "parse_errors": self.counters.parse_errors,
+        }
+
+
+class ViewerSession:
+    """A WHEP viewer: silenced aiortc senders whose packets the relay writes itself.
+
+    Hook points for other features: :attr:`tracks` (kind -> :class:`ViewerOutput`, with
+    ``observers`` and ``sender_report_rewriter``), :attr:`pc` (create data channels on it when
+    :attr:`accepts_data_channel`), :attr:`data_channels` (channels the viewer opened, by label).
+    """
+
+    def __init__(
+        self,
+        stream: Stream,
+        settings: Settings,
+        now_ns: Callable[[], int],
+        observers: list[RelayObserver],
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.stream = stream
+        self.settings = settings
+        self.now_ns = now_ns
+        self.observers = observers
+        self.pc = RTCPeerConnection(rtc_configuration())
+        self.tracks: dict[str, ViewerOutput] = {}
+        self.data_channels: dict[str, RTCDataChannel] = {}
+        self.accepts_data_channel = False
+        self.state = "new"
+        self.counters = SessionCounters()
+        self.ice_ufrag: str | None = None
+        self.ice_pwd: str | None = None
+        self.closed = asyncio.Event()
+        self.cname = "sfu-sidecar"
+        self._send_rtp: Callable[[bytes], None] | None = None
+        self._send_rtcp: Callable[[bytes], None] | None = None
+        self._rtcp_task: asyncio.Task[None] | None = None
+        self._connected_once = False
+
+    def _pick_codec(self, m: sdpmod.MediaInfo) -> sdpmod.CodecInfo:
+        current = self.stream.codecs.get(m.kind)
+        usable = [c for c in m.codecs if c.forwardable]
+        if current is not None:
+            for c in usable:
+                if c.name == current.name:
+                    return current
+            offered = ", ".join(sorted({c.name for c in usable})) or "none usable"
+            raise NotAcceptable(
+                f"stream {self.stream.name} sends {m.kind} as {current.name}; "
+                f"the offer has {offered} and the relay never transcodes"
+            )
+        return usable[0]
+
+    async def negotiate(self, offer_text: str) -> str:
+        offer = sdpmod.parse(offer_text, what="offer")
+        sdpmod.check_offer(offer, publishing=False)
+        self.ice_ufrag, self.ice_pwd = offer.ice_ufrag, offer.ice_pwd
+        self.accepts_data_channel = offer.has_application
+        text, _ = sdpmod.strip_mdns_candidates(offer_text)
+        senders = {}
+        codecs = {}
+        for m in offer.media:
+            codec = self._pick_codec(m)
+            codecs[m.kind] = codec
+            transceiver = self.pc.addTransceiver(IdleTrack(m.kind), direction="sendonly")
+            transceiver.setCodecPreferences(codec_capabilities(m.kind, codec))
+            adapter.silence_sender(transceiver.sender)
+            senders[m.kind] = transceiver.sender
+        try:
+            await self.pc.setRemoteDescription(RTCSessionDescription(text, "offer"))
+        except Exception as exc:
+            raise BadInput(f"offer refused: {exc}") from None
+        adapter.install_ice(self.pc, self.settings.ice_addresses, self.settings.ice_port_range)
+        for dtls in adapter.dtls_transports(self.pc):
+            adapter.on_rtcp(dtls, self._on_rtcp)
+        await self.pc.setLocalDescription(await self.pc.createAnswer())
+        answer_text = str(self.pc.localDescription.sdp)
+        answer = sdpmod.parse(answer_text, what="answer")
+        seq_rng = random.SystemRandom()
+        for m in answer.media:
+            ssrc, rtx_ssrc = adapter.sender_ssrcs(senders[m.kind])
+            codec = m.primary
+            rtx_pt = m.rtx_for(codec.payload_type)
+            self.cname = m.cname or self.cname
+            config = OutputConfig(
+                ssrc=ssrc,
+                payload_type=codec.payload_type,
+                extension_ids=m.extensions,
+                mid=m.mid,
+                rtx_payload_type=rtx_pt,
+                rtx_ssrc=rtx_ssrc if rtx_pt is not None else None,
+            )
+            # Random starting points (RFC 3550 §5.1), below 2^15 like aiortc's own senders to
+            # keep early SRTP rollover guesses simple.
+            self.tracks[m.kind] = ViewerOutput(
+                self.id, m.kind, config,
+                seq_base=seq_rng.randrange(0x8000), ts_base=seq_rng.getrandbits(32),
+            )
+            self.stream.forwarder(m.kind, codecs[m.kind])
+        self.pc.on("connectionstatechange", self._on_state)
+        self.pc.on("datachannel", self._on_datachannel)
+        return answer_text
+
+    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
+        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
+        for cand in trickle.candidates:
+            await self.pc.addIceCandidate(cand)
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.data_channels[channel.label] = channel
+
+    def _on_state(self) -> None:
+        state = self.pc.connectionState
+        self.state = state
+        if state == "connected" and not self._connected_once:
+            self._connected_once = True
+            dtls = adapter.dtls_transports(self.pc)[0]
+            self._send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
+            for output in self.tracks.values():
+                output.transmit = self._send_rtp
+            self.stream.viewer_connected(self)
+            self._rtcp_task = asyncio.create_task(self._rtcp_loop(), name=f"viewer-{self.id[:8]}")
+            for observer in self.observers:
+                try:
+                    observer.viewer_connected(self)
+                except Exception:
+                    log.exception("observer failed on viewer_connected")
+        elif state in ("failed", "closed"):
+            _later(self.close())
+
+    def _on_rtcp(self, data: bytes) -> None:
+        now = self.now_ns()
+        try:
+            messages = rtcp.parse_compound(data, now)
+        except ValueError:
+            self.counters.rtcp_errors += 1
+            return
+        for msg in messages:
+            if isinstance(msg, rtcp.Nack):
+                output = self._output_for(msg.media_ssrc)
+                if output is None:
+                    continue
+                forwarder = self.stream.tracks.get(output.kind)
+                if forwarder is None:
+                    continue
+                for packet in forwarder.retransmit(output, list(msg.lost), now):
+                    self._rtp(packet)
+            elif isinstance(msg, rtcp.KeyframeRequest):
+                for media_ssrc in msg.media_ssrcs:
+                    output = self._output_for(media_ssrc)
+                    if output is not None:
+                        self.stream.keyframe_requested(output, now)
+            elif isinstance(msg, (rtcp.ReceiverReportPacket, rtcp.SenderReportPacket)):
+                for block in msg.reports:
+                    output = self._output_for(block.ssrc)
+                    if output is not None:
+                        output.last_report = block
+
+    def _output_for(self, ssrc: int) -> ViewerOutput | None:
+        for output in self.tracks.values():
+            if output.config.ssrc == ssrc:
+                return output
+        return None
+
+    def _rtp(self, data: bytes) -> None:
+        if self._send_rtp is None:
+            return
+        try:
+            self._send_rtp(data)
+        except Exception:
+            self.counters.send_errors += 1
+
+    def _rtcp_out(self, data: bytes) -> None:
+        if self._send_rtcp is None:
+            return
+        try:
+            self._send_rtcp(data)
+        except Exception:
+            self.counters.send_errors += 1
+
+    async def _rtcp_loop(self) -> None:
+        while not self.closed.is_set():
+            await asyncio.sleep(RTCP_INTERVAL_NS / 1e9 * (0.5 + random.random()))
+            for output in list(self.tracks.values()):
+                forwarder = self.stream.tracks.get(output.kind)
+                if forwarder is None or not output.started:
+                    continue
+                report = forwarder.sender_report_for(output)
+                if output.sender_report_rewriter is not None:
+                    try:
+                        report = output.sender_report_rewriter(report)
+                    except Exception:
+                        log.exception("sender report rewriter failed")
+                        report = None
+                if report is None:
+                    continue
+                self._rtcp_out(
+                    rtcp.build_sr(output.config.ssrc, report)
+                    + rtcp.build_sdes_cname(output.config.ssrc, self.cname)
+                )
+
+    async def close(self) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        self.state = "closed"
+        for output in self.tracks.values():
+            output.transmit = None
+        if self._rtcp_task is not None:
+            self._rtcp_task.cancel()
+        self.stream.viewer_closed(self)
+        for observer in self.observers:
+            try:
+                observer.viewer_closed(self)
+            except Exception:
+                log.exception("observer failed on viewer_closed")
+        await self.pc.close()
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "data_channel": self.accepts_data_channel,
+            "tracks": [
+                {
+                    "kind": o.kind,
+                    "ssrc": o.config.ssrc,
+                    "payload_type": o.config.payload_type,
+                    "started": o.started,
+                    "packets_sent": o.packets_sent,
+                    "nacks_received": o.nacks_received,
+                    "retransmitted": o.retransmitted,
+                    "plis_forwarded": o.keyframe_requests,
+                    "send_errors": o.send_errors,
+                    "fraction_lost": (
+                        o.last_report.fraction_lost / 256 if o.last_report is not None else None
+                    ),
+                }
+                for o in self.tracks.values()
+            ],
+        }
