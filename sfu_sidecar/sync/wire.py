@@ -122,6 +122,13 @@ def _round_div(num: int, den: int) -> int:
     return (2 * num + den) // (2 * den)
 
 
+def predict_ns(capture_ns: int, clock_rate: int, drift_ppb: int, rtp_delta: int) -> int:
+    """House ns ``rtp_delta`` ticks after an anchor: the one formula every side uses, in
+    exact integers, so a viewer's interpolation equals the relay's to the nanosecond."""
+    num = rtp_delta * NS_PER_S * (NS_PER_S + drift_ppb)
+    return capture_ns + _round_div(num, clock_rate * NS_PER_S)
+
+
 def _need(data: bytes, offset: int, size: int, what: str) -> None:
     if len(data) - offset < size:
         raise SyncWireError(
@@ -174,8 +181,7 @@ class AnchorRecord:
 
     def predict(self, rtp_delta: int) -> int:
         """House ns of the RTP timestamp ``rtp_ts + rtp_delta`` (delta already signed)."""
-        num = rtp_delta * NS_PER_S * (NS_PER_S + self.drift_ppb)
-        return self.capture_ns + _round_div(num, self.clock_rate * NS_PER_S)
+        return predict_ns(self.capture_ns, self.clock_rate, self.drift_ppb, rtp_delta)
 
     def capture_of(self, rtp_ts: int) -> int:
         """House ns of a 32-bit viewer RTP timestamp near this anchor."""

@@ -1,0 +1,430 @@
+"""RTP timestamp -> capture time on the house clock, per published track. Pure: no clock is
+read here; every arrival time is passed in, in house ns.
+
+Sources, best first (DESIGN.md "Timelines"), and each result says which one it came from:
+
+1. **abs-capture-time** (http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time): the
+   capture timestamp itself (NTP Q32.32 on the capture system's clock), moved to the sender's
+   clock by the optional estimated capture clock offset, then to house time by the publisher's
+   clock offset. Packets without the extension are extrapolated from the last one that had it,
+   as the spec's "timestamp interpolation" section tells receivers to do.
+2. **RTCP sender reports**: RFC 3550 section 6.4.1 says an SR's NTP and RTP timestamps name the
+   same instant, so successive SRs give a line RTP -> publisher NTP (its slope is the drift of
+   the RTP clock against the publisher's NTP clock); the publisher's clock offset moves it to
+   house time.
+3. **arrival**: the house time the first packet of the frame arrived; the anchor line is the
+   lower envelope of arrivals (minimum delay), the least jittered guess there is.
+
+The publisher's clock offset (house - publisher) is shared by all tracks of one publisher
+(:class:`PublisherClock`), which is what puts its audio and video on one timeline. It is
+exact when the publisher joined the house clock (``proto/clock.md``), otherwise estimated
+from SR NTP vs arrival by minimum-delay filtering and flagged as estimated: such an estimate
+is late by the smallest one-way delay seen in its window and cannot be better.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections import deque
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sfu_sidecar.sync.wire import AnchorRecord, Source, predict_ns, signed32
+
+NS = 1_000_000_000
+MASK32 = 0xFFFFFFFF
+# Seconds from the NTP epoch (1900) to the Unix epoch (1970), RFC 868 / RFC 5905 figure 4.
+NTP_UNIX_OFFSET_S = 2_208_988_800
+# RTP clocks drift by tens of ppm; a fitted slope past this is a bad fit, not a clock.
+MAX_DRIFT_PPB = 1_000_000
+
+ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
+
+
+def ntp_to_unix_ns(ntp: int) -> int:
+    """64-bit NTP timestamp (Q32.32 seconds since 1900) -> Unix ns, rounded to nearest.
+
+    Seconds with the top bit clear are read as era 1 (after 2036-02-07), the convention of
+    RFC 4330 section 3, so the mapping stays right across the NTP rollover.
+    """
+    secs, frac = ntp >> 32, ntp & MASK32
+    if secs < 0x8000_0000:
+        secs += 1 << 32
+    return (secs - NTP_UNIX_OFFSET_S) * NS + ((frac * NS + (1 << 31)) >> 32)
+
+
+def unix_ns_to_ntp(ns: int) -> int:
+    """Unix ns -> 64-bit NTP timestamp (era folded into 32 bits of seconds), rounded."""
+    secs, rem = divmod(ns, NS)
+    frac = ((rem << 32) + NS // 2) // NS
+    if frac >> 32:
+        secs, frac = secs + 1, 0
+    return (((secs + NTP_UNIX_OFFSET_S) & MASK32) << 32) | frac
+
+
+def q32_to_ns(value: int) -> int:
+    """Signed Q32.32 seconds -> ns, rounded half up."""
+    return (value * NS + (1 << 31)) >> 32
+
+
+def ns_to_q32(ns: int) -> int:
+    return ((ns << 32) + NS // 2) // NS
+
+
+class AbsCaptureTimeError(ValueError):
+    """An abs-capture-time extension of a length the spec does not define."""
+
+
+_ACT_SHORT = struct.Struct("!Q")  # absolute capture timestamp, NTP Q32.32
+_ACT_LONG = struct.Struct("!Qq")  # + estimated capture clock offset, signed Q32.32
+
+
+@dataclass(frozen=True, slots=True)
+class AbsCaptureTime:
+    """The abs-capture-time header extension payload (8 or 16 bytes)."""
+
+    capture_ntp: int
+    # Sender's NTP clock minus the capture system's NTP clock (spec: "Capture NTP Clock =
+    # Sender NTP Clock - Capture Clock Offset"); None in the 8-byte form.
+    clock_offset_q32: int | None = None
+
+    @classmethod
+    def parse(cls, data: bytes) -> AbsCaptureTime:
+        if len(data) == _ACT_SHORT.size:
+            return cls(_ACT_SHORT.unpack(data)[0])
+        if len(data) == _ACT_LONG.size:
+            ts, offset = _ACT_LONG.unpack(data)
+            return cls(ts, offset)
+        raise AbsCaptureTimeError(f"abs-capture-time of {len(data)} bytes (8 or 16 expected)")
+
+    def serialize(self) -> bytes:
+        if self.clock_offset_q32 is None:
+            return _ACT_SHORT.pack(self.capture_ntp)
+        return _ACT_LONG.pack(self.capture_ntp, self.clock_offset_q32)
+
+    def sender_clock_ns(self) -> int:
+        """Capture time in Unix ns on the sender's (publisher's) NTP clock."""
+        ns = ntp_to_unix_ns(self.capture_ntp)
+        return ns if self.clock_offset_q32 is None else ns + q32_to_ns(self.clock_offset_q32)
+
+
+def build_abs_capture_time(capture_ns: int, clock_offset_ns: int | None = None) -> bytes:
+    """The extension payload for a viewer: capture time (house ns) as NTP Q32.32.
+
+    The relay's own NTP clock is the house clock, so the capture time is already on the
+    sender's clock and the 8-byte form is exact; pass ``clock_offset_ns`` only to state a
+    non-zero offset (16-byte form).
+    """
+    offset = None if clock_offset_ns is None else ns_to_q32(clock_offset_ns)
+    return AbsCaptureTime(unix_ns_to_ntp(capture_ns), offset).serialize()
+
+
+class RtpTimestampUnwrapper:
+    """32-bit RTP timestamps -> 64-bit extended ones, by serial arithmetic on the difference
+    to the previous timestamp (as RFC 3550 appendix A.1 extends sequence numbers). The first
+    timestamp maps to ``2**32 + ts`` so a small step backwards never goes negative."""
+
+    def __init__(self) -> None:
+        self._last: int | None = None
+
+    @property
+    def last(self) -> int | None:
+        return self._last
+
+    def peek(self, ts: int) -> int:
+        if self._last is None:
+            return (1 << 32) + (ts & MASK32)
+        return self._last + signed32(ts - self._last)
+
+    def unwrap(self, ts: int) -> int:
+        ext = self.peek(ts)
+        # Only move forward: a late (reordered) packet must not drag the reference back.
+        if self._last is None or ext > self._last:
+            self._last = ext
+        return ext
+
+
+class MinDelayEstimator:
+    """Offset from one-way samples ``receiver_time - sender_time = offset + delay``, delay
+    >= 0: the minimum over a window is the offset plus the smallest delay in it."""
+
+    def __init__(self, window: int = 32, max_age_ns: int = 30 * NS) -> None:
+        self._samples: deque[tuple[int, int]] = deque(maxlen=window)  # (arrival, sample)
+        self._max_age = max_age_ns
+
+    def observe(self, sender_ns: int, arrival_ns: int) -> None:
+        self._samples.append((arrival_ns, arrival_ns - sender_ns))
+        # Old samples go so a drifting publisher clock is followed, not frozen at its past.
+        while self._samples and arrival_ns - self._samples[0][0] > self._max_age:
+            self._samples.popleft()
+
+    def clear(self) -> None:
+        self._samples.clear()
+
+    @property
+    def value(self) -> int | None:
+        return min(s for _, s in self._samples) if self._samples else None
+
+
+class PublisherClock:
+    """One publisher's clock offset, ``house = publisher + offset_ns``, shared by its tracks."""
+
+    def __init__(self, window: int = 32, max_age_ns: int = 30 * NS) -> None:
+        self._joined: int | None = None
+        self._sr = MinDelayEstimator(window, max_age_ns)
+        # abs-capture-time vs arrival also includes encode and pacing delay, so it is used
+        # only while no sender report has been seen.
+        self._capture = MinDelayEstimator(window, max_age_ns)
+
+    def join(self, house_minus_publisher_ns: int) -> None:
+        """The offset measured by the clock-join exchange (proto/clock.md)."""
+        self._joined = house_minus_publisher_ns
+
+    def observe_sender_report(self, publisher_ns: int, arrival_ns: int) -> None:
+        self._sr.observe(publisher_ns, arrival_ns)
+
+    def observe_capture(self, publisher_ns: int, arrival_ns: int) -> None:
+        self._capture.observe(publisher_ns, arrival_ns)
+
+    def reset(self) -> None:
+        """A new publisher session: forget the join and every sample."""
+        self._joined = None
+        self._sr.clear()
+        self._capture.clear()
+
+    @property
+    def offset_ns(self) -> int | None:
+        if self._joined is not None:
+            return self._joined
+        sr = self._sr.value
+        return sr if sr is not None else self._capture.value
+
+    @property
+    def estimated(self) -> bool:
+        return self._joined is None
+
+
+@dataclass(frozen=True, slots=True)
+class LinearMap:
+    """Capture time of any RTP timestamp of the track from ``rtp_ts`` on (upstream RTP
+    time); the same formula as a wire anchor, so a viewer interpolates exactly as we do."""
+
+    rtp_ts: int
+    rtp_ext: int
+    capture_ns: int
+    clock_rate: int
+    drift_ppb: int
+    source: Source
+    estimated: bool
+    reset: bool  # first map of a new timeline (publisher reconnect, new SSRC)
+    version: int  # increases with every new map of the track
+
+    def capture_of_ext(self, rtp_ext: int) -> int:
+        return predict_ns(self.capture_ns, self.clock_rate, self.drift_ppb, rtp_ext - self.rtp_ext)
+
+    def capture_of(self, rtp_ts: int) -> int:
+        """Capture ns of a 32-bit upstream RTP timestamp within 2**31 ticks of the map."""
+        return predict_ns(
+            self.capture_ns, self.clock_rate, self.drift_ppb, signed32(rtp_ts - self.rtp_ts)
+        )
+
+    def to_anchor(
+        self, track: int, ts_offset: int = 0, *, mid: str = "", audio: bool = False,
+        generation: int = 0,
+    ) -> AnchorRecord:
+        """The wire anchor for a viewer whose RTP time is ``upstream + ts_offset`` (mod 2**32)."""
+        return AnchorRecord(
+            track=track, generation=generation, source=self.source, clock_rate=self.clock_rate,
+            rtp_ts=(self.rtp_ts + ts_offset) & MASK32, capture_ns=self.capture_ns,
+            drift_ppb=self.drift_ppb, mid=mid, audio=audio, reset=self.reset,
+            estimated=self.estimated,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CaptureTime:
+    """The capture time of one RTP packet's frame."""
+
+    rtp_ts: int
+    rtp_ext: int
+    capture_ns: int
+    source: Source
+    estimated: bool
+    first_packet: bool  # the first packet seen with this timestamp: one frame record each
+
+
+def _drift_ppb(points: deque[tuple[int, int]], clock_rate: int) -> int:
+    """Drift of (ext, ns) points against the nominal rate, from the first and last point."""
+    if len(points) < 2:
+        return 0
+    (e0, n0), (e1, n1) = points[0], points[-1]
+    ticks = e1 - e0
+    if ticks <= 0:
+        return 0
+    nominal = ticks * NS / clock_rate
+    drift = round(((n1 - n0) / nominal - 1.0) * NS)
+    return max(-MAX_DRIFT_PPB, min(MAX_DRIFT_PPB, drift))
+
+
+class TrackMapping:
+    """RTP -> capture time for one published track (one SSRC at a time).
+
+    Feed every packet to :meth:`on_rtp` and every sender report to :meth:`on_sender_report`;
+    read :attr:`current` for the anchor to send viewers and :meth:`sender_report_ntp` when a
+    viewer's SR is built.
+    """
+
+    # Deviation of the active map from the source's newest line that warrants a new map;
+    # below it the frame records' residuals carry the difference at no extra cost.
+    DEFAULT_TOLERANCE_NS: ClassVar[int] = 500_000
+
+    def __init__(
+        self, clock_rate: int, publisher: PublisherClock, *, audio: bool = False,
+        tolerance_ns: int = DEFAULT_TOLERANCE_NS, sr_window: int = 8,
+        abs_max_age_s: float = 5.0, abs_window_s: float = 30.0, arrival_window: int = 64,
+    ) -> None:
+        if clock_rate <= 0:
+            raise ValueError("clock rate must be positive")
+        self.clock_rate = clock_rate
+        self.publisher = publisher
+        self.audio = audio
+        self._tolerance = tolerance_ns
+        self._sr_window = sr_window
+        self._abs_max_age = int(abs_max_age_s * clock_rate)
+        self._abs_window = int(abs_window_s * clock_rate)
+        self._arrival_window = arrival_window
+        self.ssrc: int | None = None
+        self.resets = 0
+        self._version = 0
+        self._map: LinearMap | None = None
+        self._start_timeline()
+
+    def _start_timeline(self) -> None:
+        self._unwrap = RtpTimestampUnwrapper()
+        self._sr: deque[tuple[int, int]] = deque(maxlen=self._sr_window)  # (ext, publisher ns)
+        self._abs: deque[tuple[int, int]] = deque()  # (ext, sender-clock ns), ≥ 100 ms apart
+        self._abs_last: tuple[int, int] | None = None
+        self._arrivals: deque[tuple[int, int]] = deque(maxlen=self._arrival_window)
+        self._frame_ext: int | None = None
+        self._frame_arrival = 0
+        self._pending_reset = self.ssrc is not None
+
+    def reset(self, ssrc: int | None = None) -> None:
+        """A new timeline: the publisher reconnected or its timestamp base jumped."""
+        self.ssrc = ssrc
+        self.resets += 1
+        self._map = None
+        self._start_timeline()
+        self._pending_reset = True
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    def on_rtp(
+        self, ssrc: int, rtp_ts: int, arrival_ns: int, abs_capture: AbsCaptureTime | None = None,
+    ) -> CaptureTime:
+        """Capture time of this packet's frame; updates the map as a side effect."""
+        if ssrc != self.ssrc:
+            if self.ssrc is None:
+                self.ssrc = ssrc
+            else:
+                self.reset(ssrc)
+        ext = self._unwrap.unwrap(rtp_ts)
+        first = ext != self._frame_ext
+        if first:
+            self._frame_ext, self._frame_arrival = ext, arrival_ns
+            self._arrivals.append((ext, arrival_ns - self._ticks_ns(ext)))
+        exact: int | None = None
+        if abs_capture is not None:
+            exact = abs_capture.sender_clock_ns()
+            self._abs_last = (ext, exact)
+            if not self._abs or ext - self._abs[-1][0] >= self.clock_rate // 10:
+                self._abs.append((ext, exact))
+            while self._abs and ext - self._abs[0][0] > self._abs_window:
+                self._abs.popleft()
+            if first:
+                self.publisher.observe_capture(exact, arrival_ns)
+        self._refresh(ext)
+        m = self._map
+        assert m is not None
+        if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
+            offset = self.publisher.offset_ns or 0
+            capture = exact + offset
+        elif m.source is Source.ARRIVAL:
+            capture = self._frame_arrival
+        else:
+            capture = m.capture_of_ext(ext)
+        return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, m.estimated, first)
+
+    def on_sender_report(self, ssrc: int, ntp: int, rtp_ts: int, arrival_ns: int) -> bool:
+        """An RTCP SR of this track (RFC 3550 6.4.1); False when it is not for our SSRC."""
+        if ssrc != self.ssrc or self._unwrap.last is None:
+            return False
+        publisher_ns = ntp_to_unix_ns(ntp)
+        ext = self._unwrap.peek(rtp_ts)
+        self.publisher.observe_sender_report(publisher_ns, arrival_ns)
+        if self._sr and ext <= self._sr[-1][0]:
+            return True  # repeated or reordered report adds no new line
+        self._sr.append((ext, publisher_ns))
+        self._refresh(self._unwrap.last)
+        return True
+
+    # --- outputs --------------------------------------------------------------------------
+
+    @property
+    def current(self) -> LinearMap | None:
+        return self._map
+
+    def capture_of(self, rtp_ts: int) -> int | None:
+        return None if self._map is None else self._map.capture_of(rtp_ts)
+
+    def sender_report_ntp(self, viewer_rtp_ts: int, ts_offset: int) -> int | None:
+        """NTP timestamp for a viewer's SR carrying ``viewer_rtp_ts``: the capture time of
+        that RTP time, so the browser's lip sync (RFC 3550 6.4.1) follows capture, not
+        relay send time. ``ts_offset`` is the relay's rewrite, viewer = upstream + offset."""
+        capture = self.capture_of((viewer_rtp_ts - ts_offset) & MASK32)
+        return None if capture is None else unix_ns_to_ntp(capture)
+
+    # --- internals ------------------------------------------------------------------------
+
+    def _ticks_ns(self, ext: int) -> int:
+        return ext * NS // self.clock_rate
+
+    def _line(self, ext: int) -> tuple[Source, int, int, int, bool] | None:
+        """Best source's line at ``ext``: (source, anchor ext, capture ns, drift, estimated)."""
+        offset = self.publisher.offset_ns
+        estimated = self.publisher.estimated
+        if offset is not None and self._abs_last is not None:
+            a_ext, a_ns = self._abs_last
+            if ext - a_ext <= self._abs_max_age:
+                return Source.ABS_CAPTURE_TIME, a_ext, a_ns + offset, \
+                    _drift_ppb(self._abs, self.clock_rate), estimated
+        if offset is not None and self._sr:
+            s_ext, s_ns = self._sr[-1]
+            return Source.SENDER_REPORT, s_ext, s_ns + offset, \
+                _drift_ppb(self._sr, self.clock_rate), estimated
+        if self._arrivals:
+            lowest = min(d for _, d in self._arrivals)
+            return Source.ARRIVAL, ext, lowest + self._ticks_ns(ext), 0, False
+        return None
+
+    def _refresh(self, ext: int) -> None:
+        line = self._line(ext)
+        if line is None:
+            return
+        source, l_ext, l_ns, drift, estimated = line
+        m = self._map
+        # Same source: keep the map while it still predicts the line's point (and, for the
+        # fitted sources, its slope within 1 ppm: 1 µs per second of extrapolation).
+        if (
+            m is not None and m.source is source and m.estimated == estimated
+            and abs(m.capture_of_ext(l_ext) - l_ns) <= self._tolerance
+            and (source is Source.ARRIVAL or abs(m.drift_ppb - drift) <= 1000)
+        ):
+            return
+        self._version += 1
+        self._map = LinearMap(
+            rtp_ts=l_ext & MASK32, rtp_ext=l_ext, capture_ns=l_ns, clock_rate=self.clock_rate,
+            drift_ppb=drift, source=source, estimated=estimated,
+            reset=self._pending_reset, version=self._version,
+        )
+        self._pending_reset = False
