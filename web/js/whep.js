@@ -1,0 +1,93 @@
+// WHEP viewer transport (draft-ietf-wish-whep): one recvonly audio + video session and the
+// `sync` DataChannel. No DOM here; the page wires tracks and messages to the UI.
+
+async function gatheringComplete(pc, timeoutMs) {
+  if (pc.iceGatheringState === "complete") return;
+  await new Promise((resolve) => {
+    const timer = setTimeout(resolve, timeoutMs); // send what we have rather than wait forever
+    pc.addEventListener("icegatheringstatechange", () => {
+      if (pc.iceGatheringState === "complete") {
+        clearTimeout(timer);
+        resolve();
+      }
+    });
+  });
+}
+
+// Parses `Link: <stun:...>; rel="ice-server"; username="u"; credential="c"` headers.
+export function parseIceServerLinks(header) {
+  if (!header) return [];
+  const servers = [];
+  for (const part of header.split(/,(?=\s*<)/)) {
+    const url = /<([^>]+)>/.exec(part)?.[1];
+    if (!url || !/rel="?ice-server"?/.test(part)) continue;
+    const server = { urls: url };
+    const user = /username="([^"]*)"/.exec(part)?.[1];
+    const cred = /credential="([^"]*)"/.exec(part)?.[1];
+    if (user !== undefined) server.username = user;
+    if (cred !== undefined) server.credential = cred;
+    servers.push(server);
+  }
+  return servers;
+}
+
+export class WhepSession {
+  constructor(pc, resourceUrl, token) {
+    this.pc = pc;
+    this.resourceUrl = resourceUrl;
+    this.token = token;
+  }
+
+  async close() {
+    this.pc.close();
+    if (!this.resourceUrl) return;
+    const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
+    try {
+      await fetch(this.resourceUrl, { method: "DELETE", headers });
+    } catch (_) {
+      // the server may be gone already; the peer connection is closed either way
+    }
+  }
+}
+
+// Connects to `endpoint` (e.g. /whep/demo). `onTrack(event)` and `onSyncChannel(channel)` are
+// called as they arrive. The viewer offers the DataChannel (an answer cannot add one).
+export async function connectWhep(endpoint, { token, onTrack, onSyncChannel, iceTimeoutMs = 2000 } = {}) {
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  let iceServers = [];
+  try {
+    const probe = await fetch(endpoint, { method: "OPTIONS", headers });
+    iceServers = parseIceServerLinks(probe.headers.get("Link"));
+  } catch (_) {
+    // OPTIONS is optional (RFC 9725 §4.4); go without STUN/TURN
+  }
+  const pc = new RTCPeerConnection({ iceServers, bundlePolicy: "max-bundle" });
+  pc.addTransceiver("audio", { direction: "recvonly" });
+  pc.addTransceiver("video", { direction: "recvonly" });
+  if (onTrack) pc.addEventListener("track", onTrack);
+  const sync = pc.createDataChannel("sync", { ordered: true });
+  sync.binaryType = "arraybuffer";
+  if (onSyncChannel) onSyncChannel(sync);
+  await pc.setLocalDescription(await pc.createOffer());
+  await gatheringComplete(pc, iceTimeoutMs);
+  const resp = await fetch(endpoint, {
+    method: "POST",
+    headers: { ...headers, "Content-Type": "application/sdp" },
+    body: pc.localDescription.sdp,
+  });
+  const body = await resp.text();
+  if (resp.status !== 201) {
+    pc.close();
+    let reason = body;
+    try {
+      reason = JSON.parse(body).error ?? body;
+    } catch (_) {
+      // not JSON: keep the text
+    }
+    throw new Error(`WHEP ${resp.status}: ${reason}`);
+  }
+  const location = resp.headers.get("Location");
+  await pc.setRemoteDescription({ type: "answer", sdp: body });
+  const base = new URL(endpoint, globalThis.location?.href ?? "http://localhost/");
+  return new WhepSession(pc, location ? new URL(location, base).href : null, token);
+}
