@@ -219,13 +219,14 @@ class FusedClock:
     def _enter_holdover(self, mono_ns: int, local_ns: int) -> None:
         self.state = HOLDOVER
         self._holdover_since = mono_ns
-        self._holdover_error_ns = self.error_ns(mono_ns)
+        self._holdover_error_ns = self.error_ns(mono_ns) or 0
         self._set_freq(local_ns, self.servo.holdover())
 
     # -- reporting ----------------------------------------------------------------------------
 
-    def error_ns(self, mono_ns: int) -> int:
-        """Estimated uncertainty of house time against the tracked reference."""
+    def error_ns(self, mono_ns: int) -> int | None:
+        """Estimated uncertainty of house time against the tracked reference (None: unknown,
+        house time is not tied to any reference)."""
         if self.state == LOCKED:
             st = self._states[self.source]
             rms = (math.sqrt(sum(e * e for e in self._residuals) / len(self._residuals))
@@ -234,7 +235,7 @@ class FusedClock:
         if self.state == HOLDOVER and self._holdover_since is not None:
             held_s = (mono_ns - self._holdover_since) / 1e9
             return self._holdover_error_ns + int(held_s * HOLDOVER_DRIFT_PPB)
-        return -1  # unknown: not tied to any reference
+        return None
 
     def source_state(self, name: str) -> SourceState | None:
         return self._states.get(name)

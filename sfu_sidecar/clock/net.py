@@ -176,16 +176,25 @@ class PtpSockets:
                 stamp = ts
         return stamp
 
-    async def send_event(self, data: bytes) -> int:
-        """Send on the event port; return the transmit time (kernel stamp where available)."""
-        assert self._event is not None
-        self._drain_errqueue(self._event)
+    async def send_event(self, data: bytes) -> int | None:
+        """Send on the event port; return the transmit time (kernel stamp where available),
+        or None when the sockets are closed or the send failed."""
+        sock = self._event
+        if sock is None:
+            return None
+        self._drain_errqueue(sock)
         before = local.realtime_ns()
-        self._event.sendto(data, (PTP_PRIMARY_MULTICAST, EVENT_PORT))
+        try:
+            sock.sendto(data, (PTP_PRIMARY_MULTICAST, EVENT_PORT))
+        except OSError as exc:
+            log.warning("Delay_Req not sent: %s", exc.strerror)
+            return None
         if self.mode != MODE_KERNEL:
             return before
         for _ in range(TX_POLL_TRIES):
-            ts = self._drain_errqueue(self._event)
+            if sock.fileno() < 0:
+                return None
+            ts = self._drain_errqueue(sock)
             if ts is not None:
                 return ts
             await asyncio.sleep(TX_POLL_DELAY_S)

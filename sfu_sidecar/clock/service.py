@@ -1,0 +1,396 @@
+"""The house clock as a component: PTP and NTP adapters feeding :class:`FusedClock`.
+
+Other components take ``ClockService.now_ns`` for every timestamp they store or send, and the
+relay adds ``sdp_attributes()`` (RFC 7273) to its answers. Routes: ``GET /api/clock`` (status
+JSON) and ``GET /api/clock/ws`` (clock join, proto/clock.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from sfu_sidecar import logs
+from sfu_sidecar.clock import exchange, local
+from sfu_sidecar.clock.fused import (
+    DEFAULT_TIMEOUTS_NS,
+    LOCKED,
+    NS_PER_S,
+    NTP,
+    PTP,
+    Change,
+    FusedClock,
+)
+from sfu_sidecar.clock.net import PtpSockets
+from sfu_sidecar.clock.ntp import NtpError, SntpClient
+from sfu_sidecar.clock.ptp import (
+    MasterSelected,
+    Measurement,
+    PtpError,
+    PtpSlave,
+    SendDelayReq,
+    format_identity,
+)
+from sfu_sidecar.config import HostPort, Settings
+from sfu_sidecar.httpapi import json_ok
+from sfu_sidecar.metrics import Metrics
+
+log = logs.get("clock")
+
+STATES = ("acquiring", "locked", "holdover", "freerun")
+SOURCES = ("ptp", "ntp", "system")
+TICK_S = 0.25
+# RFC 5905 §7.3 MINPOLL is 16 s; these are the operator's own servers, and a short first burst
+# (like ntpd's iburst) gets a lock within seconds of start.
+DEFAULT_NTP_POLL_S = 16.0
+NTP_BURST = 4
+NTP_BURST_GAP_S = 1.0
+WS_MAX_MSG = 4096
+
+
+def _clock_identity() -> bytes:
+    """An EUI-64-style clockIdentity for our port (7.5.2.2.2): random, locally administered."""
+    raw = bytearray(os.urandom(8))
+    raw[0] = (raw[0] | 0x02) & 0xFE
+    return bytes(raw)
+
+
+class _NtpProtocol(asyncio.DatagramProtocol):
+    def __init__(self, service: ClockService, server: HostPort) -> None:
+        self.service = service
+        self.server = server
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.service._on_ntp(self.server, data, local.realtime_ns())
+
+
+class ClockService:
+    """The fused house clock with its PTP and NTP adapters (a :class:`Component`)."""
+
+    name = "clock"
+
+    def __init__(self, settings: Settings, metrics: Metrics, *, holdover_s: float = 10.0,
+                 ntp_poll_s: float = DEFAULT_NTP_POLL_S) -> None:
+        self.settings = settings
+        self.ntp_poll_s = ntp_poll_s
+        sources: list[str] = []
+        if settings.ptp_interface:
+            sources.append(PTP)
+        if settings.ntp_servers:
+            sources.append(NTP)
+        timeouts = dict(DEFAULT_TIMEOUTS_NS)
+        timeouts[NTP] = int(max(3 * ntp_poll_s, 4.0) * NS_PER_S)
+        self.fused = FusedClock(tuple(sources), settings.clock_max_slew_ppm, local.monotonic_ns(),
+                                holdover_ns=int(holdover_s * NS_PER_S), timeouts_ns=timeouts)
+        self.slave = PtpSlave(_clock_identity(), settings.ptp_domain) if PTP in sources else None
+        self._ptp_socks: PtpSockets | None = None
+        self._ntp: dict[HostPort, SntpClient] = {s: SntpClient() for s in settings.ntp_servers}
+        self._ntp_transports: dict[HostPort, asyncio.DatagramTransport] = {}
+        self._ntp_used: HostPort | None = None
+        self._ntp_last_fed = 0
+        self._tasks: list[asyncio.Task[None]] = []
+        self._ws: set[web.WebSocketResponse] = set()
+        self.reports: dict[str, dict[str, int]] = {}
+        self._g_offset = metrics.gauge("clock_offset_ns", "House time minus host CLOCK_REALTIME")
+        self._g_freq = metrics.gauge("clock_freq_ppb", "House clock rate against the host clock")
+        self._g_error = metrics.gauge("clock_error_ns", "Estimated house time uncertainty")
+        self._g_state = metrics.gauge("clock_state", "1 for the current clock state", ("state",))
+        self._g_source = metrics.gauge("clock_source", "1 for the current source", ("source",))
+        self._c_bad = metrics.counter("clock_bad_packets", "Unreadable clock packets",
+                                      ("protocol",))
+        self._g_joins = metrics.gauge("clock_join_peers", "Peers connected to /api/clock/ws")
+        self._update_gauges()
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def now_ns(self) -> int:
+        """House time: Unix-epoch ns, never decreasing."""
+        return self.fused.now(local.realtime_ns())
+
+    def status(self) -> dict[str, Any]:
+        mono = local.monotonic_ns()
+        out = self.fused.status(local.realtime_ns(), mono)
+        out["ptp"] = self._ptp_status()
+        out["ntp"] = self._ntp_status()
+        return out
+
+    def sdp_attributes(self, mediaclk_offset: int = 0) -> list[str]:
+        """RFC 7273 media-level lines while PTP-locked, else ``[]``.
+
+        ``a=ts-refclk:ptp=IEEE1588-2008:<grandmaster identity>:<domain>`` (§4.8) names the
+        clock; ``a=mediaclk:direct=<offset>`` (§5.2) says the stream's RTP clock is tied to it,
+        with ``mediaclk_offset`` the RTP timestamp at the reference epoch (the relay's own).
+        Lines are returned without the trailing CRLF.
+        """
+        parent = self.slave.parent if self.slave is not None else None
+        if self.fused.state != LOCKED or self.fused.source != PTP or parent is None:
+            return []
+        gm = format_identity(parent.grandmaster)
+        return [f"a=ts-refclk:ptp=IEEE1588-2008:{gm}:{self.settings.ptp_domain}",
+                f"a=mediaclk:direct={mediaclk_offset}"]
+
+    def handle_join(self, msg: exchange.ClockMessage, t2: int) -> exchange.ClockMessage | None:
+        """One clock-join message from any transport (WebSocket, DataChannel).
+
+        ``t2`` is house time when it arrived. Returns the reply to send, if any; for a request
+        the reply's t3 is stamped here, so send it at once.
+        """
+        if isinstance(msg, exchange.ClockReq):
+            return exchange.respond(msg, t2, self.now_ns())
+        if isinstance(msg, exchange.ClockReport):
+            return None
+        raise exchange.ExchangeError(f"{type(msg).__name__} is not sent to the server")
+
+    # -- component ----------------------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_get("/api/clock", self._get_status)
+        app.router.add_get("/api/clock/ws", self._websocket)
+
+    async def start(self) -> None:
+        if self.slave is not None and self.settings.ptp_interface:
+            self._ptp_socks = PtpSockets(self.settings.ptp_interface, self._on_ptp)
+            await self._ptp_socks.start()
+        loop = asyncio.get_running_loop()
+        for server in self._ntp:
+            try:
+                transport, _ = await loop.create_datagram_endpoint(
+                    lambda server=server: _NtpProtocol(self, server),  # type: ignore[misc]
+                    remote_addr=(server.host, server.port), family=socket.AF_INET,
+                )
+            except OSError as exc:
+                log.warning("NTP server %s unusable: %s", server, exc)
+                continue
+            self._ntp_transports[server] = transport
+        if self._ntp_transports:
+            self._tasks.append(asyncio.create_task(self._ntp_loop(), name="clock-ntp"))
+        self._tasks.append(asyncio.create_task(self._tick_loop(), name="clock-tick"))
+        log.info("house clock started: sources %s", ", ".join(self.fused.sources) or "none",
+                 extra={"state": self.fused.state, "source": self.fused.source})
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        for ws in list(self._ws):
+            await ws.close()
+        if self._ptp_socks is not None:
+            self._ptp_socks.close()
+        for transport in self._ntp_transports.values():
+            transport.close()
+        self._ntp_transports.clear()
+
+    # -- PTP ----------------------------------------------------------------------------------
+
+    def _on_ptp(self, data: bytes, rx_ns: int | None, is_event: bool) -> None:
+        assert self.slave is not None
+        try:
+            events = self.slave.receive(data, rx_ns, local.monotonic_ns())
+        except PtpError as exc:
+            self._c_bad.labels("ptp").inc()
+            log.debug("bad PTP datagram: %s", exc.reason)
+            return
+        self._ptp_events(events)
+
+    def _ptp_events(self, events: list[Any]) -> None:
+        for ev in events:
+            if isinstance(ev, Measurement):
+                # E2E with software stamps: the unknown asymmetry is the error floor; the
+                # loop's residual RMS (added by the fused clock) covers the stamp noise.
+                self._changes(self.fused.sample(PTP, ev.local_ns, local.monotonic_ns(),
+                                                ev.master_minus_local_ns, 0))
+            elif isinstance(ev, SendDelayReq):
+                task = asyncio.create_task(self._send_delay_req(ev))
+                task.add_done_callback(self._tasks_done)
+            elif isinstance(ev, MasterSelected):
+                if ev.announce is None:
+                    log.warning("PTP master lost (announce timeout)")
+                    self._changes(self.fused.lost(PTP, local.monotonic_ns(),
+                                                  local.realtime_ns()))
+                else:
+                    log.info("PTP master %s selected", ev.announce.header.source,
+                             extra={"grandmaster": format_identity(ev.announce.grandmaster)})
+
+    def _tasks_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("Delay_Req failed: %s", task.exception())
+
+    async def _send_delay_req(self, ev: SendDelayReq) -> None:
+        socks = self._ptp_socks
+        if socks is None or self.slave is None:
+            return
+        tx = await socks.send_event(ev.data)
+        if tx is not None:
+            self.slave.delay_req_sent(ev.sequence_id, tx)
+
+    def _ptp_status(self) -> dict[str, Any] | None:
+        if self.slave is None:
+            return None
+        parent = self.slave.parent
+        st = self.fused.source_state(PTP)
+        return {
+            "interface": self.settings.ptp_interface,
+            "grandmaster": format_identity(parent.grandmaster) if parent else None,
+            "master_port": str(parent.header.source) if parent else None,
+            "domain": self.settings.ptp_domain,
+            "mean_path_delay_ns": self.slave.path_delay_ns,
+            # offsetFromMaster (IEEE 1588 11.2): local clock minus master, last sample.
+            "offset_from_master_ns": self.slave.last_offset_ns,
+            "samples": self.slave.samples,
+            "timestamping": self._ptp_socks.mode if self._ptp_socks else None,
+            "alive": bool(st and st.alive(local.monotonic_ns(), self.fused.timeouts_ns[PTP])),
+        }
+
+    # -- NTP ----------------------------------------------------------------------------------
+
+    async def _ntp_loop(self) -> None:
+        sent = 0
+        while True:  # cancelled by stop()
+            for server, transport in self._ntp_transports.items():
+                with contextlib.suppress(OSError):
+                    transport.sendto(self._ntp[server].request(local.realtime_ns()))
+            sent += 1
+            await asyncio.sleep(NTP_BURST_GAP_S if sent < NTP_BURST else self.ntp_poll_s)
+
+    def _on_ntp(self, server: HostPort, data: bytes, rx_ns: int) -> None:
+        client = self._ntp[server]
+        try:
+            client.response(data, rx_ns)
+        except NtpError as exc:
+            self._c_bad.labels("ntp").inc()
+            log.debug("NTP reply from %s refused: %s", server, exc.reason)
+            return
+        # Servers in the configured order: use the first that answers.
+        preferred = next((s for s in self._ntp if self._ntp[s].samples), server)
+        if server != preferred:
+            return
+        if self._ntp_used != server:
+            log.info("NTP server %s in use", server)
+            self._ntp_used = server
+        best = client.best()
+        if best is None or best.local_ns <= self._ntp_last_fed:
+            return  # RFC 5905 §10: never feed a sample older than one already used
+        self._ntp_last_fed = best.local_ns
+        self._changes(self.fused.sample(NTP, best.local_ns, local.monotonic_ns(),
+                                        best.offset_ns, best.delay_ns // 2))
+
+    def _ntp_status(self) -> dict[str, Any] | None:
+        if not self._ntp:
+            return None
+        server = self._ntp_used
+        best = self._ntp[server].best() if server else None
+        return {
+            "server": str(server) if server else None,
+            "offset_ns": best.offset_ns if best else None,
+            "delay_ns": best.delay_ns if best else None,
+            "stratum": best.stratum if best else None,
+            "samples": sum(len(c.samples) for c in self._ntp.values()),
+        }
+
+    # -- state, metrics, logs -----------------------------------------------------------------
+
+    async def _tick_loop(self) -> None:
+        while True:  # cancelled by stop()
+            mono = local.monotonic_ns()
+            if self.slave is not None:
+                self._ptp_events(self.slave.poll(mono))
+            self._changes(self.fused.update(mono, local.realtime_ns()))
+            self._update_gauges()
+            await asyncio.sleep(TICK_S)
+
+    def _changes(self, changes: list[Change]) -> None:
+        for c in changes:
+            log.info("house clock %s/%s -> %s/%s (%s)", c.old_state, c.old_source, c.new_state,
+                     c.new_source, c.reason,
+                     extra={"state": c.new_state, "source": c.new_source})
+        if changes:
+            self._update_gauges()
+
+    def _update_gauges(self) -> None:
+        now_local = local.realtime_ns()
+        self._g_offset.set(self.fused.peek(now_local) - now_local)
+        self._g_freq.set(self.fused.freq_ppb)
+        error = self.fused.error_ns(local.monotonic_ns())
+        self._g_error.set(float("nan") if error is None else error)
+        for s in STATES:
+            self._g_state.labels(s).set(1 if s == self.fused.state else 0)
+        for s in SOURCES:
+            self._g_source.labels(s).set(1 if s == self.fused.source else 0)
+        self._g_joins.set(len(self._ws))
+
+    # -- HTTP ---------------------------------------------------------------------------------
+
+    async def _get_status(self, request: web.Request) -> web.Response:
+        return json_ok(self.status())
+
+    async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
+        ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30.0)
+        await ws.prepare(request)
+        self._ws.add(ws)
+        peer = f"{request.remote}:{id(ws):x}"
+        try:
+            async for msg in ws:
+                t2 = self.now_ns()  # as early as possible after the frame was read
+                try:
+                    if msg.type == WSMsgType.TEXT:
+                        decoded = exchange.decode_json(msg.data)
+                    elif msg.type == WSMsgType.BINARY:
+                        decoded = exchange.decode_msgpack(msg.data)
+                    else:
+                        break
+                    reply = self.handle_join(decoded, t2)
+                except exchange.ExchangeError as exc:
+                    self._c_bad.labels("clock_join").inc()
+                    # 1007: payload data inconsistent with the message type (RFC 6455 §7.4.1).
+                    await ws.close(code=1007, message=exc.reason[:120].encode())
+                    break
+                if isinstance(decoded, exchange.ClockReport):
+                    self.reports[peer] = {k: v for k, v in decoded.to_map().items()
+                                          if k != "type"}
+                if reply is not None:
+                    if msg.type == WSMsgType.TEXT:
+                        await ws.send_str(exchange.encode_json(reply))
+                    else:
+                        await ws.send_bytes(exchange.encode_msgpack(reply))
+        finally:
+            self._ws.discard(ws)
+            self.reports.pop(peer, None)
+        return ws
+
+
+def status_line(status: dict[str, Any]) -> str:
+    """One human line for ``sfu-sidecar clock``."""
+    from datetime import UTC, datetime
+
+    now = status["now_ns"]
+    stamp = datetime.fromtimestamp(now // NS_PER_S, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    parts = [
+        f"{stamp}.{now % NS_PER_S:09d}Z",
+        f"{status['source']}/{status['state']}",
+        f"offset={status['offset_ns']:+d}ns",
+        f"freq={status['freq_ppb']:+.1f}ppb",
+        f"error={status['error_ns']}ns" if status["error_ns"] is not None else "error=?",
+    ]
+    ptp = status.get("ptp")
+    if ptp:
+        parts.append(f"gm={ptp['grandmaster'] or '-'}")
+        if ptp["mean_path_delay_ns"] is not None:
+            parts.append(f"delay={ptp['mean_path_delay_ns']}ns")
+        parts.append(f"ts={ptp['timestamping']}")
+    ntp = status.get("ntp")
+    if ntp and ntp["server"]:
+        parts.append(f"ntp={ntp['server']} ntp_offset={ntp['offset_ns']}ns")
+    return " ".join(parts)
+
+
+def status_json(status: dict[str, Any]) -> str:
+    return json.dumps(status, separators=(",", ":"))

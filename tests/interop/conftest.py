@@ -1,0 +1,130 @@
+"""Fixtures for tests against real ptp4l and chronyd in network namespaces (root only)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.interop.ptpnet import Chrony, PtpNet, have_tools
+
+HERE = Path(__file__).resolve().parent
+
+
+def _require(*tools: str) -> None:
+    if os.geteuid() != 0:
+        pytest.fail("clock interop tests need root (network namespaces)")
+    missing = have_tools(*tools)
+    if missing:
+        pytest.fail(f"missing {', '.join(missing)}: apt-get install linuxptp chrony iproute2")
+
+
+def free_udp_pair() -> int:
+    """A UDP port p with p+1 also free on 127.0.0.1 (chronyd reference + offset server)."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = int(s.getsockname()[1])
+        if port >= 65535:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s2:
+            try:
+                s2.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free UDP port pair")
+
+
+@pytest.fixture
+def ptpnet(tmp_path: Path) -> Iterator[PtpNet]:
+    _require("ptp4l", "ip")
+    net = PtpNet(tmp_path)
+    try:
+        yield net
+    finally:
+        net.close()
+
+
+@pytest.fixture
+def chrony_factory(tmp_path: Path) -> Iterator[Any]:
+    _require("chronyd")
+    made: list[Chrony] = []
+
+    def start(offset_s: float, netns: list[str] | None = None, port: int | None = None) -> Chrony:
+        wd = tmp_path / f"chrony{len(made)}"
+        wd.mkdir()
+        wd.chmod(0o777)  # chronyd drops to its own user and writes its drift file here
+        c = Chrony(wd, port or free_udp_pair(), offset_s, netns)
+        made.append(c)
+        return c
+
+    yield start
+    for c in made:
+        c.close()
+
+
+class ClockServer:
+    """tests/interop/clock_server.py in a namespace, reached over a Unix socket."""
+
+    def __init__(self, prefix: list[str], workdir: Path, args: list[str],
+                 holdover_s: float, ntp_poll_s: float) -> None:
+        self.path = str(workdir / "clock.sock")
+        self.log = workdir / "clock-server.log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SFU_SIDECAR_")}
+        env["PYTHONPATH"] = str(HERE.parent.parent)
+        self.proc = subprocess.Popen(
+            [*prefix, sys.executable, str(HERE / "clock_server.py"), self.path,
+             str(holdover_s), str(ntp_poll_s), *args],
+            stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env,
+        )
+        self.session: aiohttp.ClientSession | None = None
+
+    async def open(self) -> None:
+        deadline = time.monotonic() + 15
+        while not Path(self.path).exists():  # noqa: ASYNC240 (a stat, no I/O wait)
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"clock server exited:\n{self.log.read_text()}")
+            if time.monotonic() > deadline:
+                raise TimeoutError("clock server did not start")
+            await asyncio.sleep(0.05)
+        self.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self.path))
+
+    async def status(self) -> dict[str, Any]:
+        assert self.session is not None
+        async with self.session.get("http://clock/api/clock") as resp:
+            assert resp.status == 200
+            data: dict[str, Any] = await resp.json()
+            return data
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        PtpNet.stop(self.proc)
+
+
+@pytest.fixture
+async def clock_server_factory(tmp_path: Path) -> AsyncIterator[Any]:
+    made: list[ClockServer] = []
+
+    async def start(prefix: list[str], args: list[str], holdover_s: float = 10.0,
+                    ntp_poll_s: float = 16.0) -> ClockServer:
+        wd = tmp_path / f"server{len(made)}"
+        wd.mkdir()
+        server = ClockServer(prefix, wd, args, holdover_s, ntp_poll_s)
+        made.append(server)
+        await server.open()
+        return server
+
+    yield start
+    for server in made:
+        await server.close()
