@@ -1,0 +1,250 @@
+"""Stored cues on the stream timeline, and the rules that validate what producers send.
+
+Times are integer milliseconds of stream time (WebVTT carries milliseconds, 6.3 step 13), so
+a cue converted once at ingest never drifts by float rounding afterwards.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sfu_sidecar.captions import webvtt
+from sfu_sidecar.exceptions import BadInput, PayloadTooLarge, Unprocessable
+
+MAX_CUES_PER_REQUEST = 500
+MAX_TEXT_CHARS = 2000
+# A caption longer than an hour is a producer bug, and it would be repeated in 1800 chunks.
+MAX_CUE_MS = 3_600_000
+# Ten years of stream time: anything later is a unit mistake (ns or ms sent as seconds).
+MAX_STREAM_MS = 10 * 366 * 86_400_000
+# House-time cues more than a day away from now are absurd (a wrong clock or wrong unit).
+MAX_HOUSE_SKEW_NS = 86_400 * 10**9
+
+STREAM_RE = re.compile(r"[A-Za-z0-9._~-]{1,128}")
+LANG_RE = re.compile(r"[A-Za-z]{1,8}(?:-[A-Za-z0-9]{1,8}){0,4}")
+CUE_ID_RE = re.compile(r"[A-Za-z0-9._~:@+-]{1,128}")
+TIMEBASES = ("house_ns", "stream_s")
+# Ids the service makes for cues sent without one; producers may not use the prefix.
+GENERATED_ID_PREFIX = "auto-"
+
+
+@dataclass(frozen=True, slots=True)
+class StoredCue:
+    """One cue as stored. ``deleted`` marks a retraction (kept so feeds can report it)."""
+
+    stream: str
+    lang: str
+    id: str
+    start_ms: int
+    end_ms: int
+    text: str
+    final: bool
+    seq: int
+    settings: str = ""
+    deleted: bool = False
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.stream, self.lang, self.id)
+
+    @property
+    def start(self) -> float:
+        return webvtt.seconds_from_ms(self.start_ms)
+
+    @property
+    def end(self) -> float:
+        return webvtt.seconds_from_ms(self.end_ms)
+
+    def same_content(self, other: StoredCue) -> bool:
+        return (
+            self.start_ms, self.end_ms, self.text, self.final, self.settings, self.deleted
+        ) == (other.start_ms, other.end_ms, other.text, other.final, other.settings, other.deleted)
+
+    def to_webvtt(self) -> webvtt.Cue:
+        settings = webvtt.parse_cue_settings(self.settings, ()) if self.settings else {}
+        return webvtt.Cue(self.id, self.start, self.end, self.text, **settings)
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "id": self.id, "lang": self.lang, "start": self.start, "end": self.end,
+            "text": self.text, "final": self.final, "seq": self.seq,
+        }
+        if self.settings:
+            out["settings"] = self.settings
+        if self.deleted:
+            out["retracted"] = True
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class CueInput:
+    """A validated cue from a producer, times still in the request's timebase.
+
+    ``start``/``end`` are house ns (int) or stream milliseconds (int) depending on the batch.
+    """
+
+    id: str | None
+    start: int
+    end: int
+    text: str
+    final: bool
+    settings: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class IngestBatch:
+    lang: str
+    timebase: str
+    cues: tuple[CueInput, ...]
+
+
+def check_stream(stream: str) -> str:
+    if STREAM_RE.fullmatch(stream) is None:
+        raise BadInput("stream names are 1-128 characters of A-Z a-z 0-9 . _ ~ -")
+    return stream
+
+
+def check_lang(lang: Any) -> str:
+    if not isinstance(lang, str) or len(lang) > 35 or LANG_RE.fullmatch(lang) is None:
+        raise Unprocessable("lang must be a BCP 47 language tag such as 'en' or 'pt-BR'")
+    return str(lang)
+
+
+def check_cue_id(cue_id: Any, where: str = "id", *, generated_ok: bool = False) -> str:
+    if not isinstance(cue_id, str) or CUE_ID_RE.fullmatch(cue_id) is None:
+        raise Unprocessable(f"{where}: cue ids are 1-128 characters of A-Z a-z 0-9 . _ ~ : @ + -")
+    if not generated_ok and cue_id.startswith(GENERATED_ID_PREFIX):
+        raise Unprocessable(f"{where}: ids starting with {GENERATED_ID_PREFIX!r} are reserved")
+    return str(cue_id)
+
+
+def normalize_text(text: str) -> str:
+    # Producers send CRLF as often as LF; the file format has only LF after parsing (6.1 step 1).
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def check_text(text: Any, where: str) -> str:
+    if not isinstance(text, str):
+        raise Unprocessable(f"{where}.text must be a string")
+    return _checked_text(normalize_text(text), where)
+
+
+def _checked_text(text: str, where: str) -> str:
+    if not text.strip():
+        raise Unprocessable(f"{where}.text is empty")
+    if len(text) > MAX_TEXT_CHARS:
+        raise PayloadTooLarge(f"{where}.text is over {MAX_TEXT_CHARS} characters")
+    reason = webvtt.check_cue_text(text)
+    if reason is not None:
+        raise Unprocessable(f"{where}: {reason}")
+    return text
+
+
+def _time(value: Any, timebase: str, where: str) -> int:
+    """A cue time as int: house ns, or stream ms rounded to the millisecond."""
+    if isinstance(value, bool):
+        raise Unprocessable(f"{where} must be a number")
+    if timebase == "house_ns":
+        if not isinstance(value, int):
+            raise Unprocessable(f"{where} must be an integer (house time in ns)")
+        return value
+    if not isinstance(value, int | float) or not math.isfinite(value):
+        raise Unprocessable(f"{where} must be a finite number of seconds")
+    if value < 0 or value * 1000 > MAX_STREAM_MS:
+        raise Unprocessable(f"{where} = {value} s is outside the stream timeline (0 .. 10 years)")
+    return round(value * 1000)
+
+
+def parse_json_batch(doc: Any) -> IngestBatch:
+    """Validate a JSON/msgpack ingest body: ``{"timebase", "lang", "cues": [...]}``."""
+    if not isinstance(doc, Mapping):
+        raise Unprocessable("body must be a JSON object with timebase, lang and cues")
+    timebase = doc.get("timebase")
+    if timebase not in TIMEBASES:
+        raise Unprocessable(f"timebase must be one of {', '.join(TIMEBASES)}, got {timebase!r}")
+    lang = check_lang(doc.get("lang"))
+    raw_cues = doc.get("cues")
+    if not isinstance(raw_cues, list) or not raw_cues:
+        raise Unprocessable("cues must be a non-empty list")
+    if len(raw_cues) > MAX_CUES_PER_REQUEST:
+        raise PayloadTooLarge(
+            f"{len(raw_cues)} cues in one request; at most {MAX_CUES_PER_REQUEST}"
+        )
+    cues = []
+    seen: set[str] = set()
+    for i, raw in enumerate(raw_cues):
+        where = f"cues[{i}]"
+        if not isinstance(raw, Mapping):
+            raise Unprocessable(f"{where} must be an object")
+        unknown = set(raw) - {"id", "start", "end", "text", "final"}
+        if unknown:
+            raise Unprocessable(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+        cue_id = None if raw.get("id") is None else check_cue_id(raw["id"], f"{where}.id")
+        if cue_id is not None:
+            if cue_id in seen:
+                raise Unprocessable(f"{where}: id {cue_id!r} appears twice in one request")
+            seen.add(cue_id)
+        if "start" not in raw or "end" not in raw:
+            raise Unprocessable(f"{where} needs start and end")
+        start = _time(raw["start"], timebase, f"{where}.start")
+        end = _time(raw["end"], timebase, f"{where}.end")
+        final = raw.get("final", True)
+        if not isinstance(final, bool):
+            raise Unprocessable(f"{where}.final must be true or false")
+        cues.append(CueInput(cue_id, start, end, check_text(raw.get("text"), where), final))
+        _check_interval(cues[-1], timebase, where)
+    return IngestBatch(lang, timebase, tuple(cues))
+
+
+def _check_interval(cue: CueInput, timebase: str, where: str) -> None:
+    scale = 1_000_000 if timebase == "house_ns" else 1
+    if cue.end <= cue.start:
+        raise Unprocessable(f"{where}: end must be after start (zero-length cues are never shown)")
+    if cue.end - cue.start > MAX_CUE_MS * scale:
+        raise Unprocessable(f"{where}: a cue may last at most {MAX_CUE_MS // 1000} s")
+
+
+def parse_vtt_batch(body: bytes, lang: Any) -> IngestBatch:
+    """A ``text/vtt`` body: cue times are stream time; cue identifiers become cue ids."""
+    lang = check_lang(lang)
+    try:
+        result = webvtt.parse(body)
+    except webvtt.InvalidWebVTT as exc:
+        raise Unprocessable(f"not a WebVTT file: {exc.reason}") from None
+    if not result.cues:
+        raise Unprocessable("the WebVTT file has no valid cues")
+    if len(result.cues) > MAX_CUES_PER_REQUEST:
+        raise PayloadTooLarge(
+            f"{len(result.cues)} cues in one request; at most {MAX_CUES_PER_REQUEST}"
+        )
+    cues = []
+    seen: set[str] = set()
+    for i, cue in enumerate(result.cues):
+        where = f"cue {i + 1} ({cue.id or 'no id'})"
+        cue_id = check_cue_id(cue.id, where) if cue.id else None
+        if cue_id is not None:
+            if cue_id in seen:
+                raise Unprocessable(f"{where}: id appears twice")
+            seen.add(cue_id)
+        start = _time(cue.start, "stream_s", f"{where} start")
+        end = _time(cue.end, "stream_s", f"{where} end")
+        # Regions are not stored, so a cue keeps its other settings but not its region.
+        settings = webvtt.format_settings(
+            webvtt.Cue("", 0, 0, "", **{**_settings_of(cue), "region": None})
+        )
+        item = CueInput(cue_id, start, end, check_text(cue.text, where), True, settings)
+        _check_interval(item, "stream_s", where)
+        cues.append(item)
+    return IngestBatch(lang, "stream_s", tuple(cues))
+
+
+def _settings_of(cue: webvtt.Cue) -> dict[str, Any]:
+    return {
+        "vertical": cue.vertical, "snap_to_lines": cue.snap_to_lines, "line": cue.line,
+        "line_align": cue.line_align, "position": cue.position,
+        "position_align": cue.position_align, "size": cue.size, "align": cue.align,
+    }

@@ -1,0 +1,241 @@
+"""HTTP and WebSocket adapters of the caption service (thin: parse, call, format).
+
+Routes::
+
+    POST   /api/streams/{stream}/captions             ingest (JSON or text/vtt), Bearer token
+    DELETE /api/streams/{stream}/captions/{lang}/{id} retract a cue, Bearer token
+    GET    /api/streams/{stream}/captions?since=SEQ   JSON change feed (lang=, limit=)
+    GET    /api/streams/{stream}/captions/ws          WebSocket push ingest (msgpack or JSON)
+    GET    /captions/{stream}/{lang}/chunk-{n}.vtt    chunk n of stream time [n*D, (n+1)*D)
+    GET    /captions/{stream}/{lang}.vtt?start=&end=  cues displayed in a window (seconds)
+    GET    /captions/{stream}/{lang}/live.m3u8        HLS subtitle playlist (RFC 8216)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import TYPE_CHECKING, Any
+
+import msgpack
+from aiohttp import WSMsgType, web
+
+from sfu_sidecar import logs
+from sfu_sidecar.captions import chunks
+from sfu_sidecar.captions.model import (
+    IngestBatch,
+    check_lang,
+    check_stream,
+    parse_json_batch,
+    parse_vtt_batch,
+)
+from sfu_sidecar.exceptions import BadInput, NotFound, SidecarError, Unprocessable
+from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
+
+if TYPE_CHECKING:
+    from sfu_sidecar.captions.service import CaptionService
+
+log = logs.get("captions.http")
+
+EPOCH_HTTP_HEADER = "X-Stream-Epoch-Ns"
+VTT_TYPE = "text/vtt; charset=utf-8"
+IMMUTABLE = "public, max-age=31536000, immutable"
+
+
+def add_routes(app: web.Application, service: CaptionService) -> None:
+    api = Api(service)
+    r = app.router
+    r.add_post("/api/streams/{stream}/captions", api.post)
+    r.add_get("/api/streams/{stream}/captions", api.feed)
+    r.add_get("/api/streams/{stream}/captions/ws", api.websocket)
+    r.add_delete("/api/streams/{stream}/captions/{lang}/{cue_id}", api.delete)
+    r.add_get(r"/captions/{stream}/{lang}/chunk-{n:[0-9]{1,12}}.vtt", api.chunk)
+    r.add_get("/captions/{stream}/{lang}/live.m3u8", api.playlist)
+    r.add_get(r"/captions/{stream}/{lang:[A-Za-z0-9-]+}.vtt", api.window)
+
+
+def _decode_json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"malformed JSON: {exc}") from None
+
+
+def _decode_msgpack(body: bytes) -> Any:
+    try:
+        return msgpack.unpackb(body, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types for bad input
+        raise BadInput(f"malformed msgpack: {exc}") from None
+
+
+def _seconds_param(request: web.Request, name: str) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        raise BadInput(f"query parameter {name} (stream seconds) is required")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise BadInput(f"{name} must be a finite number >= 0")
+    return round(value * 1000)
+
+
+def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadInput(f"{name}={raw!r} is not an integer") from None
+    if not lo <= value <= hi:
+        raise BadInput(f"{name} must be between {lo} and {hi}")
+    return value
+
+
+class Api:
+    def __init__(self, service: CaptionService) -> None:
+        self.service = service
+        self.settings = service.settings
+
+    async def _ingest(self, stream: str, batch: IngestBatch) -> dict[str, Any]:
+        results = await self.service.ingest(stream, batch)
+        return {
+            "stream": stream,
+            "lang": batch.lang,
+            "epoch_ns": self.service.epoch(stream),
+            "ids": [r.cue.id for r in results],
+            "cues": [r.to_json() for r in results],
+        }
+
+    async def post(self, request: web.Request) -> web.Response:
+        require_bearer(request, self.settings.publish_token, "caption ingest")
+        stream = check_stream(request.match_info["stream"])
+        ctype = require_content_type(request, "application/json", "text/vtt")
+        body = await read_body(request, self.settings.max_body_bytes)
+        if ctype == "text/vtt":
+            batch = parse_vtt_batch(body, request.query.get("lang"))
+        else:
+            batch = parse_json_batch(_decode_json(body))
+        return json_ok(await self._ingest(stream, batch))
+
+    async def delete(self, request: web.Request) -> web.Response:
+        require_bearer(request, self.settings.publish_token, "caption retraction")
+        stream = check_stream(request.match_info["stream"])
+        lang, cue_id = request.match_info["lang"], request.match_info["cue_id"]
+        retracted = await self.service.retract(stream, lang, cue_id)
+        return json_ok({"stream": stream, "lang": lang, "id": cue_id, "retracted": retracted})
+
+    async def feed(self, request: web.Request) -> web.Response:
+        stream = check_stream(request.match_info["stream"])
+        since = _int_param(request, "since", 0, 0, 2**63 - 1)
+        limit = _int_param(request, "limit", 1000, 1, 1000)
+        lang = request.query.get("lang")
+        if lang is not None:
+            check_lang(lang)
+        items = self.service.changes(stream, since, lang, limit)
+        return json_ok(
+            {
+                "stream": stream,
+                "epoch_ns": self.service.epoch(stream),
+                "languages": self.service.languages(stream),
+                "cues": [c.to_json() for c in items],
+                # Pass back as since= to continue; equal to since when nothing is new.
+                "next": items[-1].seq if items else since,
+            }
+        )
+
+    async def chunk(self, request: web.Request) -> web.Response:
+        stream = check_stream(request.match_info["stream"])
+        lang = check_lang(request.match_info["lang"])
+        served = await self.service.chunk(stream, lang, int(request.match_info["n"]))
+        closed = served.state is chunks.ChunkState.CLOSED
+        return web.Response(
+            body=served.body,
+            headers={
+                "Content-Type": VTT_TYPE,
+                "Cache-Control": IMMUTABLE if closed else "no-cache",
+                EPOCH_HTTP_HEADER: str(served.epoch_ns),
+                "Access-Control-Allow-Origin": "*",
+                "Access-Control-Expose-Headers": EPOCH_HTTP_HEADER,
+            },
+        )
+
+    async def window(self, request: web.Request) -> web.Response:
+        stream = check_stream(request.match_info["stream"])
+        lang = check_lang(request.match_info["lang"])
+        start, end = _seconds_param(request, "start"), _seconds_param(request, "end")
+        body = self.service.window(stream, lang, start, end)
+        return web.Response(
+            body=body,
+            headers={
+                "Content-Type": VTT_TYPE,
+                "Cache-Control": "no-cache",
+                EPOCH_HTTP_HEADER: str(self.service.epoch(stream)),
+                "Access-Control-Allow-Origin": "*",
+                "Access-Control-Expose-Headers": EPOCH_HTTP_HEADER,
+            },
+        )
+
+    async def playlist(self, request: web.Request) -> web.Response:
+        stream = check_stream(request.match_info["stream"])
+        lang = check_lang(request.match_info["lang"])
+        text, retry_s = self.service.playlist(stream, lang)
+        if text is None:
+            raise NotFound(
+                "no caption chunk has closed yet", headers={"Retry-After": str(retry_s)}
+            )
+        return web.Response(
+            text=text,
+            headers={
+                "Content-Type": "application/vnd.apple.mpegurl",
+                # RFC 8216 6.2.1: a live playlist changes every target duration.
+                "Cache-Control": "no-cache",
+                "Access-Control-Allow-Origin": "*",
+            },
+        )
+
+    async def websocket(self, request: web.Request) -> web.WebSocketResponse:
+        require_bearer(request, self.settings.publish_token, "caption ingest")
+        stream = check_stream(request.match_info["stream"])
+        ws = web.WebSocketResponse(max_msg_size=self.settings.max_body_bytes, heartbeat=30.0)
+        await ws.prepare(request)
+        async for msg in ws:
+            if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
+                continue
+            binary = msg.type == WSMsgType.BINARY
+            reply: dict[str, Any]
+            ref: Any = None
+            try:
+                doc = (
+                    _decode_msgpack(msg.data) if binary else _decode_json(msg.data.encode())
+                )
+                if isinstance(doc, dict):
+                    ref = doc.get("ref")
+                reply = await self._ws_op(stream, doc)
+                reply.update(ok=True, ref=ref)
+            except SidecarError as exc:
+                reply = {"ok": False, "ref": ref, "status": exc.status, "error": exc.reason}
+            except Exception:
+                log.exception("caption websocket message failed")
+                reply = {"ok": False, "ref": ref, "status": 500, "error": "internal error"}
+            if binary:
+                await ws.send_bytes(msgpack.packb(reply, use_bin_type=True))
+            else:
+                await ws.send_str(json.dumps(reply))
+        return ws
+
+    async def _ws_op(self, stream: str, doc: Any) -> dict[str, Any]:
+        if not isinstance(doc, dict):
+            raise Unprocessable("a message must be an object")
+        op = doc.get("op", "cues")
+        if op == "cues":
+            return await self._ingest(stream, parse_json_batch(doc))
+        if op == "retract":
+            lang, cue_id = doc.get("lang"), doc.get("id")
+            if not isinstance(lang, str) or not isinstance(cue_id, str):
+                raise Unprocessable("retract needs lang and id")
+            retracted = await self.service.retract(stream, lang, cue_id)
+            return {"stream": stream, "lang": lang, "id": cue_id, "retracted": retracted}
+        raise Unprocessable(f"unknown op {op!r}; use 'cues' or 'retract'")

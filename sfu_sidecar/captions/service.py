@@ -1,0 +1,488 @@
+"""The caption service: ingest, durable store, stream timeline, chunk cache and live events.
+
+Stream timeline rule (documented for producers and the relay):
+
+* A stream's **epoch** is house time (ns) of its first captured frame; stream time is seconds
+  since it. The relay offers it with :meth:`CaptionService.fix_epoch` when media arrives.
+* Before media arrives, the **first accepted caption batch fixes it**: for ``house_ns`` cues,
+  the earliest cue start in that batch; for ``stream_s`` cues, "now" minus the earliest start
+  (the producer is taken to be live). The relay's later offer then returns this epoch, and the
+  relay uses it.
+* Once fixed an epoch never moves (chunks already served would lie), and it is stored durably
+  with the cues, so it survives restarts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from sfu_sidecar import logs
+from sfu_sidecar.captions import chunks
+from sfu_sidecar.captions.events import (
+    CaptionEvents,
+    CueEvent,
+    CueRetractEvent,
+    EpochEvent,
+    LocalEvents,
+)
+from sfu_sidecar.captions.model import (
+    GENERATED_ID_PREFIX,
+    MAX_HOUSE_SKEW_NS,
+    IngestBatch,
+    StoredCue,
+    check_cue_id,
+    check_lang,
+    check_stream,
+)
+from sfu_sidecar.captions.store import CueStore, SqliteCueStore, WriteBatch
+from sfu_sidecar.config import Settings
+from sfu_sidecar.exceptions import BadInput, NotFound, Unprocessable
+from sfu_sidecar.metrics import Metrics
+
+log = logs.get("captions")
+
+FROZEN_CACHE_CHUNKS = 8192  # ~4.5 h of 2 s chunks for one language, a few MB
+LIVE_CACHE_CHUNKS = 1024
+MAX_WINDOW_MS = 6 * 3600 * 1000
+MAX_FEED_ITEMS = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    cue: StoredCue
+    result: str  # "new", "updated", "unchanged", "stale" (interim after final: ignored)
+
+    def to_json(self) -> dict[str, object]:
+        out = self.cue.to_json()
+        out["result"] = self.result
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Served:
+    body: bytes
+    state: chunks.ChunkState
+    epoch_ns: int
+
+
+class CaptionService:
+    """Component ``captions``: see the module docstring for the timeline rule."""
+
+    name = "captions"
+
+    def __init__(
+        self,
+        settings: Settings,
+        metrics: Metrics,
+        now_ns: Callable[[], int] = time.time_ns,
+        *,
+        store: CueStore | None = None,
+        events: CaptionEvents | None = None,
+    ) -> None:
+        self.settings = settings
+        self._now_ns = now_ns
+        self.chunk_ms = round(settings.caption_chunk_s * 1000)
+        self.retention_ms = round(settings.caption_retention_s * 1000)
+        self._cue_results = metrics.counter(
+            "caption_cues", "Caption cue writes by result", ("result",)
+        )
+        self._commits = metrics.counter("caption_store_commits", "Caption store transactions")
+        self._committed_batches = metrics.counter(
+            "caption_store_batches", "Caption write batches committed (batches/commits = "
+            "group commit factor)"
+        )
+        self._chunk_requests = metrics.counter(
+            "caption_chunk_requests", "Caption chunk requests by chunk state", ("state",)
+        )
+        self.store: CueStore = store or SqliteCueStore(
+            settings.data_dir, on_commit=self._count_commit
+        )
+        self.events: CaptionEvents = events or LocalEvents()
+        self._epochs: dict[str, int] = {}
+        self._epochs_unsaved: dict[str, tuple[int, str]] = {}
+        self._records: dict[str, dict[tuple[str, str], StoredCue]] = {}  # committed, tombstones too
+        self._pending: dict[tuple[str, str, str], StoredCue] = {}  # written, not yet committed
+        self._tracks: dict[tuple[str, str], chunks.Track] = {}
+        self._seq = 0
+        self._live_cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+        self._frozen: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
+        self._freezing: dict[tuple[str, str, int], asyncio.Future[bytes]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._retention_task: asyncio.Task[None] | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        from sfu_sidecar.captions.routes import add_routes
+
+        add_routes(app, self)
+
+    async def start(self) -> None:
+        snapshot = await self.store.open()
+        for stream, (epoch, _source) in snapshot.epochs.items():
+            self._epochs[stream] = epoch
+        for cue in snapshot.cues:
+            self._apply(cue, publish=False)
+        self._seq = snapshot.max_seq
+        log.info(
+            "caption store open: %d streams, %d cues", len(self._epochs), len(snapshot.cues)
+        )
+        self._retention_task = asyncio.create_task(self._retention_loop())
+
+    async def stop(self) -> None:
+        if self._retention_task is not None:
+            self._retention_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._retention_task
+        for task in list(self._tasks):
+            with contextlib.suppress(Exception):
+                await task
+        await self.store.close()
+
+    def _count_commit(self, batches: int, _seconds: float) -> None:
+        self._commits.inc()
+        self._committed_batches.inc(batches)
+
+    # --- epoch -----------------------------------------------------------------------------
+
+    def epoch(self, stream: str) -> int | None:
+        """The stream's epoch in house ns, or None before media or captions fixed it."""
+        return self._epochs.get(stream)
+
+    def fix_epoch(self, stream: str, house_ns: int) -> int:
+        """Offer the first capture time of ``stream``; return the epoch in force.
+
+        Called by the relay when the first frame arrives. The first offer (or the first caption
+        batch, whichever comes first) wins; the epoch is persisted in the background and is
+        durable no later than the first cue that depends on it.
+        """
+        existing = self._epochs.get(stream)
+        if existing is not None:
+            return existing
+        self._set_epoch(stream, house_ns, "media")
+        self._spawn(self._write(WriteBatch()))
+        return house_ns
+
+    def _set_epoch(self, stream: str, epoch_ns: int, source: str) -> None:
+        self._epochs[stream] = epoch_ns
+        self._epochs_unsaved[stream] = (epoch_ns, source)
+        log.info("stream %s epoch %d (%s)", stream, epoch_ns, source)
+        self.events.publish(EpochEvent(stream, epoch_ns))
+
+    def stream_now_ms(self, stream: str) -> int:
+        epoch = self._epochs.get(stream)
+        if epoch is None:
+            raise NotFound(f"no captions or media for stream {stream!r} yet")
+        return (self._now_ns() - epoch) // 1_000_000
+
+    # --- writes ----------------------------------------------------------------------------
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(coro)
+        except RuntimeError:  # no running loop: the next write carries the epoch instead
+            coro.close()
+            return
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write(self, batch: WriteBatch) -> None:
+        # Every write carries the epochs not yet on disk: a cue is never durable without the
+        # epoch its times are relative to.
+        unsaved = dict(self._epochs_unsaved)
+        batch.epochs.extend((s, e, src) for s, (e, src) in unsaved.items())
+        await self.store.write(batch)
+        for stream, value in unsaved.items():
+            if self._epochs_unsaved.get(stream) == value:
+                del self._epochs_unsaved[stream]
+
+    def _latest(self, stream: str, lang: str, cue_id: str) -> StoredCue | None:
+        pending = self._pending.get((stream, lang, cue_id))
+        if pending is not None:
+            return pending
+        return self._records.get(stream, {}).get((lang, cue_id))
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    async def ingest(self, stream: str, batch: IngestBatch) -> list[IngestResult]:
+        """Store a validated batch durably, then publish it. Idempotent per cue id."""
+        check_stream(stream)
+        now = self._now_ns()
+        cues = batch.cues
+        if batch.timebase == "house_ns":
+            for i, cue in enumerate(cues):
+                for what, t in (("start", cue.start), ("end", cue.end)):
+                    if abs(t - now) > MAX_HOUSE_SKEW_NS:
+                        raise Unprocessable(
+                            f"cues[{i}].{what} is {abs(t - now) / 1e9:.0f} s away from house "
+                            "time now: wrong clock or unit?"
+                        )
+        if stream not in self._epochs:
+            if batch.timebase == "house_ns":
+                self._set_epoch(stream, min(c.start for c in cues), "first caption")
+            else:
+                first_ms = min(c.start for c in cues)
+                self._set_epoch(stream, now - first_ms * 1_000_000, "first caption")
+        epoch = self._epochs[stream]
+        results: list[IngestResult] = []
+        changes: list[StoredCue] = []
+        for i, cue in enumerate(cues):
+            if batch.timebase == "house_ns":
+                start_ms = (cue.start - epoch + 500_000) // 1_000_000
+                end_ms = (cue.end - epoch + 500_000) // 1_000_000
+                if start_ms < 0:
+                    raise Unprocessable(
+                        f"cues[{i}] starts {-start_ms} ms before the stream epoch {epoch}"
+                    )
+                if end_ms <= start_ms:
+                    raise Unprocessable(f"cues[{i}] is shorter than a millisecond")
+            else:
+                start_ms, end_ms = cue.start, cue.end
+            cue_id = cue.id
+            current = self._latest(stream, batch.lang, cue_id) if cue_id is not None else None
+            if cue_id is None:
+                cue_id = f"{GENERATED_ID_PREFIX}{self._seq + 1}"
+            stored = StoredCue(
+                stream, batch.lang, cue_id, start_ms, end_ms, cue.text, cue.final, 0,
+                cue.settings,
+            )
+            if current is not None and not current.deleted:
+                if current.final and not stored.final:
+                    results.append(IngestResult(current, "stale"))
+                    continue
+                if current.same_content(stored):
+                    results.append(IngestResult(current, "unchanged"))
+                    continue
+            stored = _with_seq(stored, self._next_seq())
+            changes.append(stored)
+            kind = "updated" if current is not None and not current.deleted else "new"
+            results.append(IngestResult(stored, kind))
+        await self._commit(changes)
+        for r in results:
+            self._cue_results.labels(r.result).inc()
+        return results
+
+    async def retract(self, stream: str, lang: str, cue_id: str) -> bool:
+        """Retract a cue; True if it was live, False if already retracted."""
+        check_stream(stream)
+        check_lang(lang)
+        check_cue_id(cue_id, generated_ok=True)
+        current = self._latest(stream, lang, cue_id)
+        if current is None:
+            raise NotFound(f"no cue {cue_id!r} in {stream}/{lang}")
+        if current.deleted:
+            return False
+        tomb = StoredCue(
+            stream, lang, cue_id, current.start_ms, current.end_ms, "", current.final,
+            self._next_seq(), "", True,
+        )
+        await self._commit([tomb])
+        self._cue_results.labels("retracted").inc()
+        return True
+
+    async def _commit(self, changes: list[StoredCue]) -> None:
+        if not changes:
+            return
+        for cue in changes:
+            self._pending[(cue.stream, cue.lang, cue.id)] = cue
+        try:
+            await self._write(WriteBatch(cues=list(changes)))
+        finally:
+            for cue in changes:
+                key = (cue.stream, cue.lang, cue.id)
+                if self._pending.get(key) is cue:
+                    del self._pending[key]
+        # Futures resolve in commit order and resume their tasks in that order, so changes are
+        # applied in seq order; the seq check keeps that true even if they were not.
+        for cue in changes:
+            self._apply(cue, publish=True)
+
+    def _apply(self, cue: StoredCue, *, publish: bool) -> None:
+        records = self._records.setdefault(cue.stream, {})
+        old = records.get((cue.lang, cue.id))
+        if old is not None and old.seq >= cue.seq:
+            return
+        records[(cue.lang, cue.id)] = cue
+        track = self._tracks.setdefault((cue.stream, cue.lang), chunks.Track())
+        track.put(cue)
+        touched = set(chunks.chunks_touched(cue.start_ms, cue.end_ms, self.chunk_ms))
+        if old is not None:
+            touched.update(chunks.chunks_touched(old.start_ms, old.end_ms, self.chunk_ms))
+        for n in touched:
+            self._live_cache.pop((cue.stream, cue.lang, n), None)
+        if not publish:
+            return
+        if cue.deleted:
+            self.events.publish(CueRetractEvent(cue.stream, cue.lang, cue.id))
+        else:
+            self.events.publish(
+                CueEvent(cue.stream, cue.lang, cue.id, cue.start, cue.end, cue.text, cue.final)
+            )
+
+    # --- reads -----------------------------------------------------------------------------
+
+    def cues_between(self, stream: str, lang: str, start_ms: int, end_ms: int) -> list[StoredCue]:
+        track = self._tracks.get((stream, lang))
+        return [] if track is None else track.between(start_ms, end_ms)
+
+    def languages(self, stream: str) -> list[str]:
+        return sorted(lang for (s, lang), track in self._tracks.items() if s == stream)
+
+    def changes(
+        self, stream: str, since: int, lang: str | None = None, limit: int = MAX_FEED_ITEMS
+    ) -> list[StoredCue]:
+        """Committed cue writes (retractions included) with seq > since, in seq order."""
+        records = self._records.get(stream, {})
+        out = [c for c in records.values() if c.seq > since and (lang is None or c.lang == lang)]
+        out.sort(key=lambda c: c.seq)
+        return out[:limit]
+
+    def _track_or_404(self, stream: str, lang: str) -> chunks.Track:
+        track = self._tracks.get((stream, lang))
+        if track is None:
+            raise NotFound(f"no captions for stream {stream!r} in {lang!r}")
+        return track
+
+    def _first_chunk(self, now_ms: int) -> int:
+        horizon = now_ms - self.retention_ms
+        return max(0, horizon // self.chunk_ms)
+
+    async def chunk(self, stream: str, lang: str, n: int) -> Served:
+        epoch = self._epochs.get(stream)
+        if epoch is None:
+            raise NotFound(f"no captions or media for stream {stream!r} yet")
+        track = self._track_or_404(stream, lang)
+        now_ms = (self._now_ns() - epoch) // 1_000_000
+        state = chunks.chunk_state(n, self.chunk_ms, now_ms)
+        self._chunk_requests.labels(state.value).inc()
+        if state is chunks.ChunkState.FUTURE:
+            wait_s = max(1, -(-(n * self.chunk_ms - now_ms) // 1000))
+            raise NotFound(
+                f"chunk {n} starts in the future", headers={"Retry-After": str(wait_s)}
+            )
+        if n < self._first_chunk(now_ms):
+            raise NotFound(f"chunk {n} is older than the retention window")
+        key = (stream, lang, n)
+        if state is chunks.ChunkState.LIVE:
+            body = self._live_cache.get(key)
+            if body is None:
+                body = chunks.render_chunk(track, n, self.chunk_ms, epoch)
+                self._live_cache[key] = body
+                if len(self._live_cache) > LIVE_CACHE_CHUNKS:
+                    self._live_cache.popitem(last=False)
+            return Served(body, state, epoch)
+        body = self._frozen.get(key)
+        if body is not None:
+            self._frozen.move_to_end(key)
+            return Served(body, state, epoch)
+        return Served(await self._freeze(key, track, epoch), state, epoch)
+
+    async def _freeze(self, key: tuple[str, str, int], track: chunks.Track, epoch: int) -> bytes:
+        """A closed chunk's bytes: as stored when first served, else rendered and stored now.
+
+        It is durable before it is served as immutable, so a restart serves the same bytes
+        even if a late cue changed the chunk's interval afterwards.
+        """
+        inflight = self._freezing.get(key)
+        if inflight is not None:
+            return await asyncio.shield(inflight)
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._freezing[key] = future
+        try:
+            stream, lang, n = key
+            body = await self.store.frozen_chunk(stream, lang, n)
+            if body is None:
+                body = chunks.render_chunk(track, n, self.chunk_ms, epoch)
+                await self._write(WriteBatch(chunks=[(stream, lang, n, body)]))
+            self._frozen[key] = body
+            if len(self._frozen) > FROZEN_CACHE_CHUNKS:
+                self._frozen.popitem(last=False)
+            self._live_cache.pop(key, None)
+            future.set_result(body)
+            return body
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters get it, nobody logs "never retrieved"
+            raise
+        finally:
+            del self._freezing[key]
+
+    def window(self, stream: str, lang: str, start_ms: int, end_ms: int) -> bytes:
+        epoch = self._epochs.get(stream)
+        if epoch is None:
+            raise NotFound(f"no captions or media for stream {stream!r} yet")
+        track = self._track_or_404(stream, lang)
+        if not 0 <= start_ms < end_ms:
+            raise BadInput("need 0 <= start < end (stream seconds)")
+        if end_ms - start_ms > MAX_WINDOW_MS:
+            raise BadInput(f"a window may span at most {MAX_WINDOW_MS // 3_600_000} hours")
+        return chunks.render(track.between(start_ms, end_ms), start_ms, epoch)
+
+    def playlist(self, stream: str, lang: str) -> tuple[str | None, int]:
+        """(playlist text or None if no chunk closed yet, seconds until one closes)."""
+        epoch = self._epochs.get(stream)
+        if epoch is None:
+            raise NotFound(f"no captions or media for stream {stream!r} yet")
+        self._track_or_404(stream, lang)
+        now_ms = (self._now_ns() - epoch) // 1_000_000
+        text = chunks.playlist(
+            now_ms=now_ms, chunk_ms=self.chunk_ms, window=self.settings.caption_playlist_chunks,
+            epoch_ns=epoch, first_n=self._first_chunk(now_ms),
+        )
+        wait_ms = self.chunk_ms + chunks.CLOSE_GRACE_MS - now_ms
+        return text, max(1, -(-wait_ms // 1000))
+
+    # --- retention -------------------------------------------------------------------------
+
+    async def _retention_loop(self) -> None:
+        interval = min(60.0, self.settings.caption_retention_s / 10)
+        while True:
+            try:
+                await self.purge_expired()
+            except Exception:
+                log.exception("caption retention pass failed")
+            await asyncio.sleep(interval)
+
+    async def purge_expired(self) -> int:
+        """Drop cues (and frozen chunks) that ended before the retention window."""
+        now = self._now_ns()
+        purge = []
+        for stream, epoch in self._epochs.items():
+            horizon_ms = (now - epoch) // 1_000_000 - self.retention_ms
+            if horizon_ms > 0:
+                purge.append((stream, horizon_ms, horizon_ms // self.chunk_ms))
+        if not purge:
+            return 0
+        await self._write(WriteBatch(purge=purge))
+        dropped = 0
+        for stream, horizon_ms, first_n in purge:
+            records = self._records.get(stream, {})
+            for key in [k for k, c in records.items() if c.end_ms < horizon_ms]:
+                del records[key]
+                dropped += 1
+            for (s, _lang), track in self._tracks.items():
+                if s == stream:
+                    track.purge_before(horizon_ms)
+            for cache in (self._frozen, self._live_cache):
+                for key3 in [k for k in cache if k[0] == stream and k[2] < first_n]:
+                    del cache[key3]
+        if dropped:
+            log.info("retention: dropped %d cues", dropped)
+        return dropped
+
+
+def _with_seq(cue: StoredCue, seq: int) -> StoredCue:
+    return StoredCue(
+        cue.stream, cue.lang, cue.id, cue.start_ms, cue.end_ms, cue.text, cue.final, seq,
+        cue.settings, cue.deleted,
+    )
