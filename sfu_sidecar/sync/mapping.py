@@ -357,15 +357,23 @@ class TrackMapping:
 
     def on_sender_report(self, ssrc: int, ntp: int, rtp_ts: int, arrival_ns: int) -> bool:
         """An RTCP SR of this track (RFC 3550 6.4.1); False when it is not for our SSRC."""
-        if ssrc != self.ssrc or self._unwrap.last is None:
+        if self.ssrc is None:
+            self.ssrc = ssrc  # a report may come before the stream's first packet
+        if ssrc != self.ssrc:
             return False
         publisher_ns = ntp_to_unix_ns(ntp)
-        ext = self._unwrap.peek(rtp_ts)
+        # Without a reference yet the report's timestamp becomes it, so the first packet
+        # unwraps against the same base even when the two straddle a 32-bit wrap.
+        ext = self._unwrap.peek(rtp_ts) if self._unwrap.last is not None else (
+            self._unwrap.unwrap(rtp_ts)
+        )
         self.publisher.observe_sender_report(publisher_ns, arrival_ns)
         if self._sr and ext <= self._sr[-1][0]:
             return True  # repeated or reordered report adds no new line
         self._sr.append((ext, publisher_ns))
-        self._refresh(self._unwrap.last)
+        last = self._unwrap.last
+        assert last is not None
+        self._refresh(last)
         return True
 
     # --- outputs --------------------------------------------------------------------------

@@ -1,0 +1,351 @@
+"""RTP -> capture time from sender reports, abs-capture-time and arrival, against publishers
+simulated with exactly known capture times."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import pytest
+
+from sfu_sidecar.sync.mapping import (
+    NS,
+    AbsCaptureTime,
+    AbsCaptureTimeError,
+    PublisherClock,
+    RtpTimestampUnwrapper,
+    TrackMapping,
+    build_abs_capture_time,
+    ns_to_q32,
+    ntp_to_unix_ns,
+    unix_ns_to_ntp,
+)
+from sfu_sidecar.sync.wire import FrameRecord, Source
+
+HOUSE_T0 = 1_796_025_600 * NS + 987_654_321  # 2026-11-30T08:00Z and change
+PUB_OFFSET = -3_210_987_654  # house - publisher: the publisher's clock runs 3.2 s ahead
+
+
+@dataclass
+class SimTrack:
+    """A publisher track whose capture times are known exactly.
+
+    RTP time runs from ``base`` at ``HOUSE_T0`` at ``clock_rate * (1 + rtp_drift)``, so the
+    true capture time of a timestamp is known; the publisher's NTP clock reads house time
+    minus ``PUB_OFFSET``.
+    """
+
+    clock_rate: int
+    base: int
+    ssrc: int
+    rtp_drift: float = 0.0
+
+    def rtp_at(self, house_ns: int) -> int:
+        ticks = (house_ns - HOUSE_T0) * self.clock_rate * (1 + self.rtp_drift) / NS
+        return (self.base + round(ticks)) & 0xFFFFFFFF
+
+    def true_capture(self, ticks_since_base: int) -> int:
+        return HOUSE_T0 + round(ticks_since_base * NS / (self.clock_rate * (1 + self.rtp_drift)))
+
+    def sr(self, house_ns: int) -> tuple[int, int]:
+        """(NTP, RTP) of an SR taken at ``house_ns``: both name the same instant (RFC 3550)."""
+        return unix_ns_to_ntp(house_ns - PUB_OFFSET), self.rtp_at(house_ns)
+
+
+# --- conversions ----------------------------------------------------------------------------
+
+
+def test_ntp_epoch_and_round_trip() -> None:
+    assert unix_ns_to_ntp(0) == 2_208_988_800 << 32
+    assert ntp_to_unix_ns(2_208_988_800 << 32) == 0
+    assert ntp_to_unix_ns((2_208_988_800 << 32) | (1 << 31)) == NS // 2
+    rng = random.Random(5)
+    for _ in range(1000):
+        ns = rng.randrange(HOUSE_T0 - 10**17, HOUSE_T0 + 10**17)
+        # Q32.32 resolves 0.23 ns: a round trip is exact to the nanosecond.
+        assert abs(ntp_to_unix_ns(unix_ns_to_ntp(ns)) - ns) <= 1
+
+
+def test_ntp_after_the_2036_rollover() -> None:
+    later = (2_085_978_496 + 3600) * NS  # one hour after 2036-02-07T06:28:16Z (era 1)
+    ntp = unix_ns_to_ntp(later)
+    assert ntp >> 32 == 3600
+    assert ntp_to_unix_ns(ntp) == later
+
+
+def test_abs_capture_time_forms() -> None:
+    capture = HOUSE_T0 + 123
+    short = build_abs_capture_time(capture)
+    assert len(short) == 8
+    parsed = AbsCaptureTime.parse(short)
+    assert parsed.clock_offset_q32 is None
+    assert abs(parsed.sender_clock_ns() - capture) <= 1
+
+    # 16-byte form: offset = sender clock - capture clock, so sender time = capture + offset.
+    long = AbsCaptureTime(unix_ns_to_ntp(capture), ns_to_q32(-2_500_000)).serialize()
+    assert len(long) == 16
+    assert abs(AbsCaptureTime.parse(long).sender_clock_ns() - (capture - 2_500_000)) <= 1
+    assert build_abs_capture_time(capture, -2_500_000) == long
+    for bad in (b"", b"\x00" * 7, b"\x00" * 9, b"\x00" * 17):
+        with pytest.raises(AbsCaptureTimeError):
+            AbsCaptureTime.parse(bad)
+
+
+def test_unwrapper_crosses_the_wrap_both_ways() -> None:
+    u = RtpTimestampUnwrapper()
+    a = u.unwrap(0xFFFF_FF00)
+    b = u.unwrap(0x0000_0100)  # wrapped forward
+    assert b - a == 0x200
+    c = u.unwrap(0xFFFF_FF80)  # a reordered packet from before the wrap
+    assert c == a + 0x80
+    assert u.last == b  # and it did not drag the reference back
+
+
+# --- sender reports -------------------------------------------------------------------------
+
+
+def _feed_video(
+    m: TrackMapping, track: SimTrack, seconds: float, *, sr_every: float | None = 1.0,
+    start: int = HOUSE_T0, net_delay_ns: int = 20_000_000,
+) -> list[tuple[int, int, Source]]:
+    """30 fps, 3 packets a frame, SRs at ``sr_every``; returns (ticks, mapped, source)."""
+    out = []
+    next_sr = start
+    for i in range(int(seconds * 30)):
+        t = start + i * NS // 30
+        if sr_every is not None and t >= next_sr:
+            ntp, rtp = track.sr(t)
+            assert m.on_sender_report(track.ssrc, ntp, rtp, t + net_delay_ns)
+            next_sr += int(sr_every * NS)
+        ts = track.rtp_at(t)
+        for p in range(3):
+            got = m.on_rtp(track.ssrc, ts, t + net_delay_ns + p * 100_000)
+            assert got.first_packet == (p == 0)
+        ticks = (ts - track.base) & 0xFFFFFFFF
+        out.append((ticks, got.capture_ns, got.source))
+    return out
+
+
+def test_sender_reports_map_frames_to_true_capture_time_across_the_wrap() -> None:
+    # RTP clock 20 ppm fast against the publisher's clock; base 10 s before the 32-bit wrap.
+    track = SimTrack(90_000, base=(1 << 32) - 900_000, ssrc=0x1234, rtp_drift=20e-6)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    frames = _feed_video(m, track, 20.0)
+    assert all(src is Source.SENDER_REPORT for _, _, src in frames)
+    # The first second extrapolates without a drift estimate: 20 ppm of at most 1 s.
+    errors = [abs(cap - track.true_capture(ticks)) for ticks, cap, _ in frames]
+    assert max(errors[:30]) < 25_000
+    # From the second SR on the slope is fitted: the error is the SR timestamps' own
+    # rounding to whole ticks (one 90 kHz tick is 11.1 µs), wrap included.
+    assert max(errors[30:]) < 12_000
+    assert any(ticks > 900_000 for ticks, _, _ in frames)  # the wrap was crossed
+    cur = m.current
+    assert cur is not None and not cur.estimated and abs(cur.drift_ppb + 20_000) < 50
+
+
+def test_arrival_until_the_first_sender_report() -> None:
+    track = SimTrack(90_000, base=1000, ssrc=7)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    first = m.on_rtp(7, track.rtp_at(HOUSE_T0), HOUSE_T0 + 30_000_000)
+    assert first.source is Source.ARRIVAL and first.capture_ns == HOUSE_T0 + 30_000_000
+    assert not m.on_sender_report(8, *track.sr(HOUSE_T0), HOUSE_T0)  # not our SSRC
+    assert m.on_sender_report(7, *track.sr(HOUSE_T0), HOUSE_T0 + 30_000_000)
+    t = HOUSE_T0 + NS // 30
+    got = m.on_rtp(7, track.rtp_at(t), t + 30_000_000)
+    assert got.source is Source.SENDER_REPORT
+    assert abs(got.capture_ns - t) <= 1
+
+
+def test_offset_estimated_from_jittered_sender_reports() -> None:
+    """No clock join: the offset comes from SR NTP vs arrival. With a one-way delay of
+    8 ms + exponential jitter (mean 15 ms) and 60 reports, the minimum-delay estimate is the
+    true offset plus the 8 ms base delay plus at most 2 ms (P(miss) = e**-8 per run; seeded)."""
+    rng = random.Random(20261130)
+    video = SimTrack(90_000, base=5_000, ssrc=1)
+    audio = SimTrack(48_000, base=3_000_000_000, ssrc=2)
+    clock = PublisherClock(window=64)
+    mv, ma = TrackMapping(90_000, clock), TrackMapping(48_000, clock, audio=True)
+    mv.on_rtp(1, video.rtp_at(HOUSE_T0), HOUSE_T0)
+    ma.on_rtp(2, audio.rtp_at(HOUSE_T0), HOUSE_T0)
+    base_delay = 8_000_000
+    for i in range(30):
+        for track, m in ((video, mv), (audio, ma)):
+            t = HOUSE_T0 + i * NS + rng.randrange(NS // 2)
+            arrival = t + base_delay + int(rng.expovariate(1 / 15_000_000))
+            m.on_sender_report(track.ssrc, *track.sr(t), arrival)
+    offset = clock.offset_ns
+    assert offset is not None and clock.estimated
+    bias = offset - PUB_OFFSET - base_delay
+    assert 0 <= bias <= 2_000_000, bias
+    t = HOUSE_T0 + 31 * NS
+    got = mv.on_rtp(1, video.rtp_at(t), t + base_delay)
+    assert got.source is Source.SENDER_REPORT and got.estimated
+    assert 0 <= got.capture_ns - t - base_delay <= 2_000_000
+    cur = mv.current
+    assert cur is not None and cur.estimated
+    assert cur.to_anchor(0).estimated
+
+
+def test_audio_and_video_land_on_one_timeline() -> None:
+    """A flash and a beep captured at the same instant map to the same house time, though
+    their RTP clocks, bases and SR instants all differ (the lip-sync requirement)."""
+    video = SimTrack(90_000, base=123_456, ssrc=10, rtp_drift=-30e-6)
+    audio = SimTrack(48_000, base=(1 << 32) - 48_000, ssrc=11, rtp_drift=15e-6)
+    for joined in (True, False):
+        clock = PublisherClock()
+        if joined:
+            clock.join(PUB_OFFSET)
+        mv, ma = TrackMapping(90_000, clock), TrackMapping(48_000, clock, audio=True)
+        mv.on_rtp(10, video.rtp_at(HOUSE_T0), HOUSE_T0)
+        ma.on_rtp(11, audio.rtp_at(HOUSE_T0), HOUSE_T0)
+        for i in range(6):
+            tv, ta = HOUSE_T0 + i * NS, HOUSE_T0 + i * NS + 370_000_000
+            mv.on_sender_report(10, *video.sr(tv), tv + 12_000_000)
+            ma.on_sender_report(11, *audio.sr(ta), ta + 12_000_000)
+        event = HOUSE_T0 + 6 * NS + 250_000_000
+        cv = mv.on_rtp(10, video.rtp_at(event), event + 40_000_000)
+        ca = ma.on_rtp(11, audio.rtp_at(event), event + 25_000_000)
+        assert cv.source is ca.source is Source.SENDER_REPORT
+        # RTP rounding (11 µs at 90 kHz, 21 µs at 48 kHz) bounds the skew, nothing else.
+        assert abs(cv.capture_ns - ca.capture_ns) < 25_000
+        if joined:
+            assert abs(cv.capture_ns - event) < 25_000
+
+
+def test_sender_report_rebuilt_for_a_viewer() -> None:
+    track = SimTrack(48_000, base=77, ssrc=3)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(48_000, clock, audio=True)
+    m.on_rtp(3, track.rtp_at(HOUSE_T0), HOUSE_T0)
+    m.on_sender_report(3, *track.sr(HOUSE_T0), HOUSE_T0)
+    ts_offset = 0xDEAD_BEEF
+    t = HOUSE_T0 + 2 * NS + 5_000_000  # the SR's instant, not a frame's
+    viewer_ts = (track.rtp_at(t) + ts_offset) & 0xFFFFFFFF
+    ntp = m.sender_report_ntp(viewer_ts, ts_offset)
+    assert ntp is not None
+    assert abs(ntp_to_unix_ns(ntp) - t) <= 21_000  # one 48 kHz tick
+    assert TrackMapping(48_000, clock).sender_report_ntp(viewer_ts, ts_offset) is None
+
+
+# --- abs-capture-time -----------------------------------------------------------------------
+
+
+def test_abs_capture_time_wins_and_is_exact_with_its_clock_offset() -> None:
+    """A mixer stamps the capturer's clock plus the offset to its own; the publisher's SRs
+    are there too, but abs-capture-time ranks first."""
+    track = SimTrack(90_000, base=42, ssrc=5)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    capture_clock_offset = 7_000_000  # sender clock - capture clock
+    for i in range(90):
+        t = HOUSE_T0 + i * NS // 30
+        if i % 30 == 0:
+            m.on_sender_report(5, *track.sr(t), t + 1_000_000)
+        # Give each capture a little jitter the RTP timestamp does not show.
+        true = t + (i % 7) * 50_000
+        ext = AbsCaptureTime(
+            unix_ns_to_ntp(true - PUB_OFFSET - capture_clock_offset),
+            ns_to_q32(capture_clock_offset),
+        )
+        got = m.on_rtp(5, track.rtp_at(t), t + 30_000_000, ext if i % 2 == 0 else None)
+        assert got.source is Source.ABS_CAPTURE_TIME
+        if i % 2 == 0:
+            assert abs(got.capture_ns - true) <= 2
+        else:
+            # Extrapolated from the previous stamped frame (spec: timestamp interpolation).
+            assert abs(got.capture_ns - t) < 400_000
+    # Stamps stop: after abs_max_age of RTP time the sender reports take over.
+    t = HOUSE_T0 + 9 * NS
+    m.on_sender_report(5, *track.sr(t), t + 1_000_000)
+    got = m.on_rtp(5, track.rtp_at(t), t + 30_000_000)
+    assert got.source is Source.SENDER_REPORT and abs(got.capture_ns - t) < 1_000
+
+
+def test_abs_capture_time_without_join_or_reports_is_estimated_from_arrival() -> None:
+    m = TrackMapping(90_000, PublisherClock())
+    t = HOUSE_T0
+    ext = AbsCaptureTime(unix_ns_to_ntp(t - PUB_OFFSET))
+    got = m.on_rtp(9, 1000, t + 50_000_000, ext)
+    assert got.source is Source.ABS_CAPTURE_TIME and got.estimated
+    assert got.capture_ns == pytest.approx(t + 50_000_000, abs=2)
+
+
+# --- reconnect and arrival ------------------------------------------------------------------
+
+
+def test_publisher_reconnect_starts_a_new_timeline() -> None:
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    old = SimTrack(90_000, base=100, ssrc=0xAAAA)
+    _feed_video(m, old, 3.0)
+    first = m.current
+    assert first is not None and not first.reset and first.source is Source.SENDER_REPORT
+
+    start = HOUSE_T0 + 10 * NS
+    new = SimTrack(90_000, base=3_000_000_000, ssrc=0xBBBB)
+    # HOUSE_T0-based SimTrack: shift so the new track's base is at `start`.
+    new_base_at_start = new.rtp_at(start)
+    got = m.on_rtp(0xBBBB, new_base_at_start, start + 20_000_000)
+    assert m.resets == 1
+    # The old SR line means nothing for the new base: arrival until the new SRs come.
+    assert got.source is Source.ARRIVAL and got.capture_ns == start + 20_000_000
+    cur = m.current
+    assert cur is not None and cur.reset and cur.version > first.version
+    m.on_sender_report(0xBBBB, *new.sr(start), start + 20_000_000)
+    t = start + NS // 30
+    got = m.on_rtp(0xBBBB, new.rtp_at(t), t + 20_000_000)
+    assert got.source is Source.SENDER_REPORT and abs(got.capture_ns - t) <= 12_000
+    assert m.current is not None and not m.current.reset  # reset flags the first map only
+
+
+def test_arrival_line_is_the_lower_envelope_and_frames_keep_their_arrival() -> None:
+    rng = random.Random(3)
+    m = TrackMapping(90_000, PublisherClock())
+    track = SimTrack(90_000, base=0xFFFF_0000, ssrc=4)
+    arrivals = []
+    for i in range(120):
+        t = HOUSE_T0 + i * NS // 30
+        arrival = t + 10_000_000 + int(rng.expovariate(1 / 5_000_000))
+        got = m.on_rtp(4, track.rtp_at(t), arrival)
+        assert got.source is Source.ARRIVAL and got.capture_ns == arrival
+        arrivals.append((track.rtp_at(t), arrival))
+    cur = m.current
+    assert cur is not None and cur.source is Source.ARRIVAL
+    recent = arrivals[-64:]
+    # Never later than an arrival it saw, and close to the earliest ones.
+    slack = [arr - cur.capture_of(ts) for ts, arr in recent]
+    assert min(slack) >= -m.DEFAULT_TOLERANCE_NS - 12_000
+    assert min(slack) <= 12_000 + m.DEFAULT_TOLERANCE_NS
+
+
+def test_frames_encode_against_the_viewer_anchor_exactly() -> None:
+    """The relay's map, rewritten by its ts offset, resolves every frame on the viewer side
+    to the capture time the mapping produced."""
+    track = SimTrack(90_000, base=(1 << 32) - 30_000, ssrc=6, rtp_drift=35e-6)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    ts_offset = 0x8000_0001
+    records = []
+    for i in range(150):
+        t = HOUSE_T0 + i * NS // 30
+        if i % 30 == 0:
+            m.on_sender_report(6, *track.sr(t), t)
+        got = m.on_rtp(6, track.rtp_at(t), t + 5_000_000)
+        cur = m.current
+        assert cur is not None
+        anchor = cur.to_anchor(0, ts_offset, mid="0")
+        viewer_ts = (got.rtp_ts + ts_offset) & 0xFFFFFFFF
+        rec = FrameRecord.against(anchor, viewer_ts, got.capture_ns, got.source)
+        assert rec is not None
+        records.append((anchor, rec, got.capture_ns, viewer_ts))
+    for anchor, rec, capture, viewer_ts in records:
+        assert rec.capture_ns(anchor) == capture
+        assert rec.rtp_ts(anchor) == viewer_ts
