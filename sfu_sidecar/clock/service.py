@@ -118,6 +118,7 @@ class ClockService:
         out = self.fused.status(local.realtime_ns(), mono)
         out["ptp"] = self._ptp_status()
         out["ntp"] = self._ntp_status()
+        out["sdp"] = self.sdp_attributes()
         return out
 
     def sdp_attributes(self, mediaclk_offset: int = 0) -> list[str]:

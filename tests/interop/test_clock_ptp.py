@@ -79,6 +79,8 @@ async def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: A
     assert 0 < ptp["mean_path_delay_ns"] < 1_000_000
     assert ptp["samples"] > 0
     assert locked["ntp"]["server"] == f"127.0.0.1:{chrony.port}"
+    assert locked["sdp"] == [f"a=ts-refclk:ptp=IEEE1588-2008:{ptp['grandmaster']}:0",
+                             "a=mediaclk:direct=0"]
 
     # Settled: a few seconds of samples, all within 20 us of N (typically ~1 us).
     settled = [await server.status() for _ in range(20)]
@@ -90,6 +92,7 @@ async def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: A
     PtpNet.stop(master)
     held = await wait_for(server, lambda s: s["state"] == "holdover", 5, "holdover", trail)
     assert held["source"] == "ptp"
+    assert held["sdp"] == []  # RFC 7273 lines only while locked to PTP
     assert abs(held["offset_ns"] - N_NS) < 50_000  # holdover keeps the PTP line
     await wait_for(server, lambda s: s["source"] == "ntp" and s["state"] == "locked", 10,
                    "NTP after holdover", trail)
