@@ -187,7 +187,7 @@ class Api:
                 "no caption chunk has closed yet", headers={"Retry-After": str(retry_s)}
             )
         return web.Response(
-            text=text,
+            body=text.encode(),  # RFC 8216 4: always UTF-8, no charset parameter needed
             headers={
                 "Content-Type": "application/vnd.apple.mpegurl",
                 # RFC 8216 6.2.1: a live playlist changes every target duration.
