@@ -349,7 +349,10 @@ export class SyncState {
     const controls = [];
     for (const rec of msg.records) {
       if (rec.type === "anchor") {
-        if (rec.reset || !this.anchors.has(rec.track)) {
+        // A reset anchor starts a new timeline once; its periodic repeats change nothing.
+        const held = this.anchors.get(rec.track)?.get(rec.generation);
+        const repeat = held !== undefined && held.rtp_ts === rec.rtp_ts && held.capture_ns === rec.capture_ns;
+        if ((rec.reset && !repeat) || !this.anchors.has(rec.track)) {
           this.anchors.set(rec.track, new Map());
           this.frames.set(rec.track, new Map());
         }
