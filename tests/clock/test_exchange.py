@@ -77,3 +77,13 @@ def test_two_cores_in_memory_converge_on_a_simulated_offset() -> None:
     assert abs(report.offset_ns - house_minus_client) <= report.error_ns
     assert report.rtt_ns == 500_000  # the least-RTT exchange: 300 us up, 200 us down
     assert report.offset_ns == house_minus_client + 50_000  # half the 100 us asymmetry
+
+
+def test_vectors_file_is_generated_and_js_exact() -> None:
+    from tests.clock.clock_vectors import PATH, build, render
+
+    assert PATH.read_text() == render(), "regenerate: python -m tests.clock.clock_vectors"
+    data = build()
+    big = [v for s in data["samples"] for k, v in s.items() if k.startswith("t") and v > 2**53]
+    big += [v for w in data["windows"] for row in w["exchanges"] for v in row]
+    assert big and all(v % 512 == 0 for v in big)
