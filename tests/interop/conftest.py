@@ -128,3 +128,94 @@ async def clock_server_factory(tmp_path: Path) -> AsyncIterator[Any]:
     yield start
     for server in made:
         await server.close()
+
+
+class ThreadedApp:
+    """The application with only the house clock, on 127.0.0.1, in a thread with its own loop
+    (so a synchronous Playwright test can drive a browser against it)."""
+
+    def __init__(self, args: list[str], ntp_poll_s: float = 1.0) -> None:
+        import threading
+
+        from tests.conftest import free_port
+
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.args = args
+        self.ntp_poll_s = ntp_poll_s
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop: asyncio.Event | None = None
+        self._thread = threading.Thread(target=self._main, name="clock-app", daemon=True)
+        self._thread.start()
+        if not self._ready.wait(15):
+            raise TimeoutError("in-process clock app did not start")
+        if self._error is not None:
+            raise self._error
+
+    def _main(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+
+    async def _serve(self) -> None:
+        from aiohttp import web
+
+        from sfu_sidecar.app import build_app
+        from sfu_sidecar.clock.service import ClockService
+        from sfu_sidecar.config import load_settings
+        from sfu_sidecar.metrics import Metrics
+
+        flags = dict(zip(self.args[::2], self.args[1::2], strict=True))
+        settings = load_settings({k.lstrip("-").replace("-", "_"): v for k, v in flags.items()})
+        clock = ClockService(settings, Metrics(), ntp_poll_s=self.ntp_poll_s)
+        app = build_app(settings, components=[clock])
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.port).start()
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        self._ready.set()
+        try:
+            await self._stop.wait()
+        finally:
+            await runner.cleanup()
+
+    def status(self) -> dict[str, Any]:
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(self.base + "/api/clock", timeout=5) as resp:
+            data: dict[str, Any] = json.loads(resp.read())
+            return data
+
+    def wait(self, pred: Any, within_s: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + within_s
+        last: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            last = self.status()
+            if pred(last):
+                return last
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; last status {last}")
+
+    def close(self) -> None:
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(10)
+
+
+@pytest.fixture
+def ntp_house(chrony_factory: Any) -> Iterator[ThreadedApp]:
+    """The clock app following a chronyd on loopback that serves host time + 250 ms."""
+    chrony = chrony_factory(0.25)
+    app = ThreadedApp(["--ntp-servers", f"127.0.0.1:{chrony.port}"])
+    try:
+        app.wait(lambda s: s["source"] == "ntp" and s["state"] == "locked"
+                 and abs(s["offset_ns"] - 250_000_000) < 2_000_000, 20, "NTP lock at +250 ms")
+        yield app
+    finally:
+        app.close()
