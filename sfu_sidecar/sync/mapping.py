@@ -355,8 +355,15 @@ class TrackMapping:
             capture = m.capture_of_ext(ext)
         return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, m.estimated, first)
 
-    def on_sender_report(self, ssrc: int, ntp: int, rtp_ts: int, arrival_ns: int) -> bool:
-        """An RTCP SR of this track (RFC 3550 6.4.1); False when it is not for our SSRC."""
+    def on_sender_report(
+        self, ssrc: int | None, ntp: int, rtp_ts: int, arrival_ns: int,
+    ) -> bool:
+        """An RTCP SR of this track (RFC 3550 6.4.1); False when it is not for our SSRC.
+        ``ssrc=None``: the caller vouches that the report is for the current stream."""
+        if ssrc is None:
+            ssrc = self.ssrc
+        if ssrc is None:
+            return False  # nothing to tie an anonymous report to yet
         if self.ssrc is None:
             self.ssrc = ssrc  # a report may come before the stream's first packet
         if ssrc != self.ssrc:
