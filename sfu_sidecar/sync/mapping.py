@@ -329,7 +329,9 @@ class TrackMapping:
             else:
                 self.reset(ssrc)
         ext = self._unwrap.unwrap(rtp_ts)
-        first = ext != self._frame_ext
+        # Only a timestamp newer than any seen starts a frame: a reordered or retransmitted
+        # packet of an older frame must neither repeat its record nor lend it a late arrival.
+        first = self._frame_ext is None or ext > self._frame_ext
         if first:
             self._frame_ext, self._frame_arrival = ext, arrival_ns
             self._arrivals.append((ext, arrival_ns - self._ticks_ns(ext)))
@@ -349,7 +351,7 @@ class TrackMapping:
         if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
             offset = self.publisher.offset_ns or 0
             capture = exact + offset
-        elif m.source is Source.ARRIVAL:
+        elif m.source is Source.ARRIVAL and ext == self._frame_ext:
             capture = self._frame_arrival
         else:
             capture = m.capture_of_ext(ext)

@@ -349,3 +349,15 @@ def test_frames_encode_against_the_viewer_anchor_exactly() -> None:
     for anchor, rec, capture, viewer_ts in records:
         assert rec.capture_ns(anchor) == capture
         assert rec.rtp_ts(anchor) == viewer_ts
+
+
+def test_retransmitted_packet_of_an_older_frame_is_not_a_new_frame() -> None:
+    m = TrackMapping(90_000, PublisherClock())
+    a = m.on_rtp(1, 3000, HOUSE_T0)
+    b = m.on_rtp(1, 6000, HOUSE_T0 + 33_000_000)
+    late = m.on_rtp(1, 3000, HOUSE_T0 + 400_000_000)  # RTX of the first frame, 400 ms on
+    assert a.first_packet and b.first_packet and not late.first_packet
+    assert late.source is Source.ARRIVAL
+    # Mapped by the arrival line, not given the retransmission's arrival.
+    assert abs(late.capture_ns - HOUSE_T0) < 1_000_000
+    assert m.on_rtp(1, 9000, HOUSE_T0 + 66_000_000).first_packet
