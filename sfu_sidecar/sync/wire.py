@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from enum import IntEnum
 from typing import Any, ClassVar
@@ -458,17 +458,23 @@ class ControlRecord:
     """A control message travelling inside a batch."""
 
     message: Control
+    # Packed once, at construction: a message that cannot be packed fails where it is
+    # queued, not later inside a batcher's poll, and sizing it for a batch costs nothing.
+    _payload: bytes = field(init=False, repr=False, compare=False)
     type: ClassVar[RecordType] = RecordType.CONTROL
 
-    def serialize(self) -> bytes:
+    def __post_init__(self) -> None:
         payload = pack_control(self.message)
         if len(payload) > 0xFFFF:
             raise SyncWireError(ErrorKind.TOO_LARGE, "control record over 65535 bytes")
-        return _CONTROL.pack(RecordType.CONTROL, len(payload)) + payload
+        object.__setattr__(self, "_payload", payload)
+
+    def serialize(self) -> bytes:
+        return _CONTROL.pack(RecordType.CONTROL, len(self._payload)) + self._payload
 
     @property
     def size(self) -> int:
-        return _CONTROL.size + len(pack_control(self.message))
+        return _CONTROL.size + len(self._payload)
 
     @classmethod
     def parse_from(cls, data: bytes, offset: int) -> tuple[ControlRecord, int]:
@@ -481,7 +487,7 @@ class ControlRecord:
 
 Record = AnchorRecord | FrameRecord | ControlRecord
 
-_RECORD_PARSERS: dict[int, Any] = {
+_RECORD_PARSERS: dict[int, Callable[[bytes, int], tuple[Record, int]]] = {
     RecordType.ANCHOR: AnchorRecord.parse_from,
     RecordType.FRAME: FrameRecord.parse_from,
     RecordType.CONTROL: ControlRecord.parse_from,

@@ -247,3 +247,16 @@ def test_nothing_to_say_means_no_message() -> None:
     assert b.poll(T0 + 400 * MS) is None  # no frames, repeat not yet due
     assert b.poll(T0 + 1_400 * MS) is not None  # the periodic repeat
     assert b.next_poll_ns() == T0 + 1_600 * MS
+
+
+def test_unpackable_control_fails_when_queued_not_when_polled() -> None:
+    import pytest
+
+    from sfu_sidecar.sync.wire import SyncWireError, UnknownControl
+
+    b = SyncBatcher()
+    with pytest.raises(SyncWireError):
+        b.add_control(UnknownControl("x", {"v": object()}))
+    b.add_control(Epoch("s", T0))
+    raw = b.poll(T0)
+    assert raw is not None and parse_message(raw) == Batch(0, (ControlRecord(Epoch("s", T0)),))
