@@ -1,0 +1,55 @@
+"""An in-process relay on a loopback port, built by the app factory with only the relay in it."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from sfu_sidecar.app import build_app
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.relay import RelayService
+
+
+@dataclass
+class Relay:
+    base: str
+    service: RelayService
+    http: aiohttp.ClientSession
+
+
+RelayFactory = Callable[..., "object"]
+
+
+@pytest.fixture
+async def relay_factory() -> AsyncIterator[Callable[..., object]]:
+    servers: list[TestServer] = []
+    sessions: list[aiohttp.ClientSession] = []
+
+    async def start(**flags: str) -> Relay:
+        settings = load_settings({"ice_addresses": "127.0.0.1", **flags})
+        service = RelayService(settings, Metrics())
+        app = build_app(settings, components=[service])
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        servers.append(server)
+        http = aiohttp.ClientSession()
+        sessions.append(http)
+        return Relay(str(server.make_url("")).rstrip("/"), service, http)
+
+    yield start
+    for http in sessions:
+        await http.close()
+    for server in servers:
+        await server.close()
+
+
+@pytest.fixture
+async def relay(relay_factory: Callable[..., object]) -> Relay:
+    made = await relay_factory()  # type: ignore[operator]
+    assert isinstance(made, Relay)
+    return made

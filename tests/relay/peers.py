@@ -1,0 +1,231 @@
+"""Real aiortc peers for relay tests: a WHIP publisher and WHEP viewers over loopback.
+
+The peers are ordinary aiortc peer connections; the only instrumentation is a per-instance
+wrapper on their DTLS transport that records the plaintext RTP each one sends or receives, so
+tests can compare payload bytes end to end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fractions
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import numpy as np
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCSessionDescription,
+)
+from aiortc.rtcconfiguration import RTCBundlePolicy
+from av import AudioFrame, VideoFrame
+
+from sfu_sidecar.relay import aiortc_adapter
+from sfu_sidecar.relay.packet import RtpPacket
+
+LOOPBACK = ("127.0.0.1",)
+
+
+class PatternVideo(MediaStreamTrack):
+    """A moving gradient at ``fps``: every frame differs, so payloads are not trivially equal."""
+
+    kind = "video"
+
+    def __init__(self, width: int = 320, height: int = 240, fps: int = 30) -> None:
+        super().__init__()
+        self.width, self.height, self.fps = width, height, fps
+        self.count = 0
+        self._start: float | None = None
+        ramp = np.arange(width, dtype=np.uint8)
+        self._base = np.broadcast_to(ramp, (height, width))
+
+    async def recv(self) -> VideoFrame:
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self.count / self.fps
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        y = ((self._base.astype(np.uint16) + self.count * 4) % 256).astype(np.uint8)
+        yuv = np.concatenate(
+            [y, np.full((self.height // 2, self.width), 128, dtype=np.uint8)], axis=0
+        )
+        frame = VideoFrame.from_ndarray(yuv, format="yuv420p")
+        frame.pts = self.count * (90000 // self.fps)
+        frame.time_base = fractions.Fraction(1, 90000)
+        self.count += 1
+        return frame
+
+
+class ToneAudio(MediaStreamTrack):
+    """20 ms frames of a 440 Hz tone, 48 kHz mono."""
+
+    kind = "audio"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+        self._start: float | None = None
+
+    async def recv(self) -> AudioFrame:
+        if self._start is None:
+            self._start = time.monotonic()
+        due = self._start + self.count * 0.02
+        delay = due - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        n = 960
+        t = (np.arange(n) + self.count * n) / 48000
+        samples = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16).reshape(1, -1)
+        frame = AudioFrame.from_ndarray(samples, format="s16", layout="mono")
+        frame.sample_rate = 48000
+        frame.pts = self.count * n
+        frame.time_base = fractions.Fraction(1, 48000)
+        self.count += 1
+        return frame
+
+
+@dataclass
+class Peer:
+    pc: RTCPeerConnection
+    location: str
+    answer: str
+    sent: list[RtpPacket] = field(default_factory=list)
+    received: list[RtpPacket] = field(default_factory=list)
+    rtcp_received: list[bytes] = field(default_factory=list)
+    tracks: dict[str, MediaStreamTrack] = field(default_factory=dict)
+    drop: Callable[[RtpPacket], bool] | None = None
+    dropped: list[RtpPacket] = field(default_factory=list)
+
+    async def close(self) -> None:
+        await self.pc.close()
+
+
+def client_pc() -> RTCPeerConnection:
+    return RTCPeerConnection(
+        RTCConfiguration(iceServers=[], bundlePolicy=RTCBundlePolicy.MAX_BUNDLE)
+    )
+
+
+def _record_sent(peer: Peer) -> None:
+    for dtls in aiortc_adapter.dtls_transports(peer.pc):
+        original = dtls._send_rtp
+
+        async def send_rtp(data: bytes, _orig: Any = original) -> None:
+            if not 192 <= data[1] <= 223:
+                peer.sent.append(RtpPacket.parse(data))
+            await _orig(data)
+
+        dtls._send_rtp = send_rtp  # type: ignore[method-assign]
+
+
+def _record_received(peer: Peer) -> None:
+    for dtls in aiortc_adapter.dtls_transports(peer.pc):
+        original = dtls._handle_rtp_data
+
+        async def handle(data: bytes, arrival_time_ms: int, _orig: Any = original) -> None:
+            pkt = RtpPacket.parse(data)
+            if peer.drop is not None and peer.drop(pkt):
+                peer.dropped.append(pkt)
+                return
+            peer.received.append(pkt)
+            await _orig(data, arrival_time_ms)
+
+        dtls._handle_rtp_data = handle  # type: ignore[method-assign]
+        original_rtcp = dtls._handle_rtcp_data
+
+        async def handle_rtcp(data: bytes, _orig: Any = original_rtcp) -> None:
+            peer.rtcp_received.append(data)
+            await _orig(data)
+
+        dtls._handle_rtcp_data = handle_rtcp  # type: ignore[method-assign]
+
+
+async def _post(
+    http: aiohttp.ClientSession, url: str, offer: str, token: str | None
+) -> tuple[str, str]:
+    headers = {"Content-Type": "application/sdp"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    async with http.post(url, data=offer, headers=headers) as resp:
+        body = await resp.text()
+        assert resp.status == 201, (resp.status, body)
+        return resp.headers["Location"], body
+
+
+async def publish(
+    http: aiohttp.ClientSession,
+    base: str,
+    stream: str,
+    *,
+    token: str | None = None,
+    video: MediaStreamTrack | None = None,
+    audio: MediaStreamTrack | None = None,
+) -> Peer:
+    pc = client_pc()
+    tracks: dict[str, MediaStreamTrack] = {}
+    if audio is not None:
+        pc.addTransceiver(audio, direction="sendonly")
+        tracks["audio"] = audio
+    if video is not None:
+        pc.addTransceiver(video, direction="sendonly")
+        tracks["video"] = video
+    aiortc_adapter.install_ice(pc, LOOPBACK, None)
+    await pc.setLocalDescription(await pc.createOffer())
+    location, answer = await _post(http, f"{base}/whip/{stream}", pc.localDescription.sdp, token)
+    peer = Peer(pc, location, answer, tracks=tracks)
+    _record_sent(peer)
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    return peer
+
+
+async def view(
+    http: aiohttp.ClientSession,
+    base: str,
+    stream: str,
+    *,
+    token: str | None = None,
+    kinds: tuple[str, ...] = ("audio", "video"),
+    data_channel: bool = False,
+) -> Peer:
+    pc = client_pc()
+    tracks: dict[str, MediaStreamTrack] = {}
+
+    @pc.on("track")
+    def on_track(track: MediaStreamTrack) -> None:
+        tracks[track.kind] = track
+
+    for kind in kinds:
+        pc.addTransceiver(kind, direction="recvonly")
+    if data_channel:
+        pc.createDataChannel("hello")
+    aiortc_adapter.install_ice(pc, LOOPBACK, None)
+    await pc.setLocalDescription(await pc.createOffer())
+    location, answer = await _post(http, f"{base}/whep/{stream}", pc.localDescription.sdp, token)
+    peer = Peer(pc, location, answer, tracks=tracks)
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    _record_received(peer)
+    return peer
+
+
+async def wait_for(predicate: Callable[[], bool], limit_s: float, what: str) -> float:
+    """Poll every 20 ms; returns the seconds it took, fails the test past ``limit_s``."""
+    started = time.monotonic()
+    for _ in range(int(limit_s / 0.02) + 1):
+        if predicate():
+            return time.monotonic() - started
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out after {limit_s} s waiting for {what}")
+
+
+async def frames(track: MediaStreamTrack, count: int, limit_s: float) -> list[Any]:
+    out = []
+    async with asyncio.timeout(limit_s):
+        for _ in range(count):
+            out.append(await track.recv())
+    return out

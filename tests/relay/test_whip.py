@@ -1,0 +1,232 @@
+"""WHIP/WHEP HTTP edges: created resources, trickle, teardown, and every refusal's status."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiortc import RTCSessionDescription
+
+from sfu_sidecar.relay import aiortc_adapter
+from tests.relay.conftest import Relay
+from tests.relay.peers import (
+    LOOPBACK,
+    PatternVideo,
+    client_pc,
+    frames,
+    publish,
+    view,
+    wait_for,
+)
+
+SDP = {"Content-Type": "application/sdp"}
+
+
+async def _offer(kind: str = "video", direction: str = "sendonly") -> str:
+    pc = client_pc()
+    pc.addTransceiver(kind, direction=direction)
+    aiortc_adapter.install_ice(pc, LOOPBACK, None)
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = str(pc.localDescription.sdp)
+    await pc.close()
+    return sdp
+
+
+async def _post(relay: Relay, path: str, body: str | bytes, headers: dict[str, str]) -> tuple[
+    int, dict[str, object], dict[str, str]
+]:
+    async with relay.http.post(relay.base + path, data=body, headers=headers) as resp:
+        data = await resp.json() if resp.content_type == "application/json" else {}
+        return resp.status, data, dict(resp.headers)
+
+
+async def test_publish_answers_201_with_location_etag_and_ice_server_links(relay_factory) -> None:
+    relay: Relay = await relay_factory(
+        ice_servers="stun:127.0.0.1:3478,turn:u:p@127.0.0.1:3478?transport=udp"
+    )
+    offer = await _offer()
+    async with relay.http.post(relay.base + "/whip/cam", data=offer, headers=SDP) as resp:
+        assert resp.status == 201
+        assert resp.content_type == "application/sdp"
+        location = resp.headers["Location"]
+        assert location.startswith("/whip/cam/")
+        assert resp.headers["ETag"].startswith('"')
+        links = resp.headers.getall("Link")
+        answer = await resp.text()
+    assert answer.startswith("v=0")
+    assert "a=candidate:" in answer and " 127.0.0.1 " in answer
+    assert links == [
+        '<stun:127.0.0.1:3478>; rel="ice-server"',
+        '<turn:127.0.0.1:3478?transport=udp>; rel="ice-server"; username="u"; '
+        'credential="p"; credential-type="password"',
+    ]
+    async with relay.http.options(relay.base + "/whip/cam") as resp:
+        assert resp.status == 204
+        assert len(resp.headers.getall("Link")) == 2
+    async with relay.http.delete(relay.base + location) as resp:
+        assert resp.status == 200
+    async with relay.http.delete(relay.base + location) as resp:
+        assert resp.status == 404
+
+
+async def test_tokens_are_required_when_configured(relay_factory) -> None:
+    relay: Relay = await relay_factory(publish_token="pub-secret", view_token="view-secret")
+    offer = await _offer()
+    status, body, headers = await _post(relay, "/whip/s", offer, SDP)
+    assert status == 401 and "Bearer" in headers["WWW-Authenticate"]
+    status, body, _ = await _post(relay, "/whip/s", offer, {**SDP, "Authorization": "Bearer no"})
+    assert status == 401 and "wrong token" in str(body["error"])
+    # The view token does not open publishing, and the other way round.
+    status, _, _ = await _post(
+        relay, "/whip/s", offer, {**SDP, "Authorization": "Bearer view-secret"}
+    )
+    assert status == 401
+    view_offer = await _offer(direction="recvonly")
+    status, _, _ = await _post(
+        relay, "/whep/s", view_offer, {**SDP, "Authorization": "Bearer pub-secret"}
+    )
+    assert status == 401
+    status, _, headers = await _post(
+        relay, "/whep/s", view_offer, {**SDP, "Authorization": "Bearer view-secret"}
+    )
+    assert status == 201
+    # Teardown needs the token too.
+    async with relay.http.delete(relay.base + headers["Location"]) as resp:
+        assert resp.status == 401
+    async with relay.http.delete(
+        relay.base + headers["Location"], headers={"Authorization": "Bearer view-secret"}
+    ) as resp:
+        assert resp.status == 200
+
+
+async def test_bad_requests_get_specific_statuses(relay_factory) -> None:
+    relay: Relay = await relay_factory(max_body_bytes="4096")
+    offer = await _offer()
+    status, body, _ = await _post(relay, "/whip/s", offer, {"Content-Type": "text/plain"})
+    assert status == 415 and "application/sdp" in str(body["error"])
+    status, body, _ = await _post(relay, "/whip/s", "hello, not sdp", SDP)
+    assert status == 400
+    status, body, _ = await _post(relay, "/whip/s", "v=0\r\ns=-\r\n", SDP)
+    assert status == 400 and "no audio or video" in str(body["error"])
+    status, body, _ = await _post(relay, "/whip/s", b"\xff\xfe" * 10, SDP)
+    assert status == 400
+    status, body, _ = await _post(relay, "/whip/s", "v=0\r\n" + "a=x\r\n" * 2000, SDP)
+    assert status == 413
+    # Only codecs we cannot forward: 406 naming the ones we accept.
+    unforwardable = offer.replace("VP8/90000", "VP9/90000").replace("H264/90000", "H265/90000")
+    status, body, _ = await _post(relay, "/whip/s", unforwardable, SDP)
+    assert status == 406 and "VP8" in str(body["error"]) and "Opus" in str(body["error"])
+    # A viewer offer sent to WHIP (recvonly) is refused, and the stream slot stays free.
+    status, body, _ = await _post(relay, "/whip/s", await _offer(direction="recvonly"), SDP)
+    assert status == 400 and "must send" in str(body["error"])
+    assert relay.service.rooms.streams == {}
+
+
+async def test_unknown_resources_are_404(relay: Relay) -> None:
+    missing = "/whip/s/" + "0" * 32
+    for method in ("DELETE", "PATCH"):
+        async with relay.http.request(
+            method, relay.base + missing,
+            headers={"Content-Type": "application/trickle-ice-sdpfrag"},
+        ) as resp:
+            assert resp.status == 404
+            assert "error" in await resp.json()
+    async with relay.http.get(relay.base + "/api/streams/nope") as resp:
+        assert resp.status == 404
+
+
+async def test_second_publisher_conflicts_until_the_first_is_gone(relay: Relay) -> None:
+    first = await publish(relay.http, relay.base, "one", video=PatternVideo())
+    try:
+        status, body, _ = await _post(relay, "/whip/one", await _offer(), SDP)
+        assert status == 409 and "already has a publisher" in str(body["error"])
+    finally:
+        async with relay.http.delete(relay.base + first.location) as resp:
+            assert resp.status == 200
+        await first.close()
+    second = await publish(relay.http, relay.base, "one", video=PatternVideo())
+    await second.close()
+
+
+async def test_publisher_that_vanishes_is_replaced_after_the_timeout(relay_factory) -> None:
+    relay: Relay = await relay_factory(publisher_timeout_s="1")
+    first = await publish(relay.http, relay.base, "drop", video=PatternVideo())
+    watcher = await view(relay.http, relay.base, "drop", kinds=("video",))
+    await frames(watcher.tracks["video"], 5, limit_s=10)
+    # Vanish without DELETE: stop sending media (a crashed encoder, a pulled cable).
+    for transceiver in first.pc.getTransceivers():
+        await transceiver.sender.stop()
+    stream = relay.service.rooms.get("drop")
+    for _ in range(100):
+        if stream.publisher is None:
+            break
+        await asyncio.sleep(0.05)
+    assert stream.publisher is None
+    second = await publish(relay.http, relay.base, "drop", video=PatternVideo())
+    await frames(watcher.tracks["video"], 5, limit_s=10)
+    await second.close()
+    await first.close()
+    await watcher.close()
+
+
+async def test_trickle_patch_adds_candidates_and_refuses_ice_restart(relay: Relay) -> None:
+    pc = client_pc()
+    pc.addTransceiver(PatternVideo(), direction="sendonly")
+    aiortc_adapter.install_ice(pc, LOOPBACK, None)
+    await pc.setLocalDescription(await pc.createOffer())
+    full = str(pc.localDescription.sdp)
+    candidates = [line for line in full.split("\r\n") if line.startswith("a=candidate:")]
+    without = "\r\n".join(line for line in full.split("\r\n")
+                          if not line.startswith(("a=candidate:", "a=end-of-candidates")))
+    ufrag = next(line for line in full.split("\r\n") if line.startswith("a=ice-ufrag:"))
+    pwd = next(line for line in full.split("\r\n") if line.startswith("a=ice-pwd:"))
+    async with relay.http.post(relay.base + "/whip/t", data=without, headers=SDP) as resp:
+        assert resp.status == 201
+        location = resp.headers["Location"]
+        answer = await resp.text()
+    frag_headers = {"Content-Type": "application/trickle-ice-sdpfrag"}
+    mdns = "a=candidate:1 1 udp 2122260223 0b6c0c1a-aaaa.local 50000 typ host"
+    frag = "\r\n".join([ufrag, pwd, "m=video 9 UDP/TLS/RTP/SAVPF 0", "a=mid:0",
+                        *candidates, mdns, "a=end-of-candidates", ""])
+    async with relay.http.patch(relay.base + location, data=frag, headers=frag_headers) as resp:
+        assert resp.status == 204
+    async with relay.http.patch(relay.base + location, data=frag,
+                                headers={"Content-Type": "application/sdp"}) as resp:
+        assert resp.status == 415
+    restart = frag.replace(ufrag, "a=ice-ufrag:zzzz")
+    async with relay.http.patch(relay.base + location, data=restart,
+                                headers=frag_headers) as resp:
+        assert resp.status == 422
+    # With the answer applied the publisher connects and media reaches the relay.
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    stream = relay.service.rooms.get("t")
+    await wait_for(
+        lambda: stream.tracks["video"].packets_in > 0, 10, "media from the trickled publisher"
+    )
+    async with relay.http.delete(relay.base + location) as resp:
+        assert resp.status == 200
+    await pc.close()
+
+
+async def test_status_api_and_metrics_describe_streams(relay: Relay) -> None:
+    pub = await publish(relay.http, relay.base, "st", video=PatternVideo())
+    v = await view(relay.http, relay.base, "st", kinds=("video",))
+    try:
+        await frames(v.tracks["video"], 10, limit_s=10)
+        async with relay.http.get(relay.base + "/api/streams") as resp:
+            listing = await resp.json()
+        assert [s["stream"] for s in listing["streams"]] == ["st"]
+        async with relay.http.get(relay.base + "/api/streams/st") as resp:
+            st = await resp.json()
+        track = st["publisher"]["tracks"][0]
+        assert track["kind"] == "video" and track["codec"] == "vp8"
+        assert track["packets"] > 0 and isinstance(track["ssrc"], int)
+        viewer = st["viewers"][0]
+        assert viewer["state"] == "connected"
+        assert viewer["tracks"][0]["packets_sent"] > 0
+        assert {"nacks_received", "retransmitted", "plis_forwarded"} <= set(viewer["tracks"][0])
+        text = relay.service.metrics.render().decode()
+        assert 'sfu_sidecar_relay_packets_received_total{kind="video",stream="st"}' in text
+        assert 'sfu_sidecar_relay_viewers{stream="st"} 1.0' in text
+    finally:
+        await v.close()
+        await pub.close()
