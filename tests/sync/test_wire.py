@@ -35,6 +35,18 @@ def test_vector_files_are_what_the_generator_writes() -> None:
     valid, bad = vectors.build()
     assert valid == VALID
     assert bad == MALFORMED
+    assert vectors.build_predict() == json.loads(vectors.PREDICT_FILE.read_text())["vectors"]
+
+
+def test_predict_vectors_by_an_independent_formula() -> None:
+    # Rational arithmetic, rounded half up: the spec's formula, not the codec's code.
+    from fractions import Fraction
+
+    for v in json.loads(vectors.PREDICT_FILE.read_text())["vectors"]:
+        d = wire.signed32(v["rtp_ts"] - v["anchor_rtp_ts"])
+        exact = Fraction(d * (10**9 + v["drift_ppb"]), v["clock_rate"])
+        rounded = (exact + Fraction(1, 2)).__floor__()
+        assert int(v["capture_ns"]) + rounded == int(v["expected_ns"]), v
 
 
 @pytest.mark.parametrize("vec", VALID, ids=[v["name"] for v in VALID])

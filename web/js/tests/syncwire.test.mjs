@@ -126,3 +126,12 @@ test("viewer state resolves frames, interpolates, counts lost batches and unknow
   assert.equal(state.unresolved, 1);
   assert.equal(state.lostBatches, 1);
 });
+
+test("anchor interpolation matches the shared predict vectors to the nanosecond", () => {
+  const cases = load("sync_predict.json");
+  assert.ok(cases.length >= 50);
+  for (const c of cases) {
+    const anchor = { rtp_ts: c.anchor_rtp_ts, capture_ns: BigInt(c.capture_ns), clock_rate: c.clock_rate, drift_ppb: c.drift_ppb };
+    assert.equal(anchorCaptureOf(anchor, c.rtp_ts), BigInt(c.expected_ns), JSON.stringify(c));
+  }
+});
