@@ -1,0 +1,47 @@
+"""Chromium (fake camera) -> WHIP -> relay -> WHEP -> Chromium: frames render in the viewer."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CHROMIUM, ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.netns]
+
+
+def test_chromium_publisher_to_chromium_viewer_through_the_relay() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: install the 'chromium' package")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to make a loopback-only network namespace")
+    # Only ``lo`` inside: Chromium can pair nothing but loopback candidates with the relay.
+    script = (
+        "ip link set lo up && exec "
+        f"{sys.executable} -m tests.e2e.relay_chromium_probe"
+    )
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=100,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["publish"]["status"] == 201, result
+    seen = result["view"]
+    assert seen["status"] == 201, result
+    assert seen["frames"] >= 30, result
+    assert (seen["width"], seen["height"]) == (320, 240), result
+    assert seen["framesDecoded"] >= 30
+    assert seen.get("audioPackets", 0) > 0
+    # Forwarded, not re-encoded: the relay saw the publisher's packets and its keyframes.
+    relay = result["relay"]
+    assert relay["tracks"]["video"]["codec"] in ("vp8", "h264")
+    assert relay["tracks"]["video"]["packets"] > 0
+    viewer = relay["viewers"][0]
+    assert all(t["packets_sent"] > 0 for t in viewer["tracks"])
