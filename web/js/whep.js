@@ -65,7 +65,7 @@ export async function connectWhep(endpoint, { token, onTrack, onSyncChannel, ice
   pc.addTransceiver("audio", { direction: "recvonly" });
   pc.addTransceiver("video", { direction: "recvonly" });
   if (onTrack) pc.addEventListener("track", onTrack);
-  const sync = pc.createDataChannel("sync", { ordered: true });
+  const sync = pc.createDataChannel("sync", { ordered: false, maxRetransmits: 0 });
   sync.binaryType = "arraybuffer";
   if (onSyncChannel) onSyncChannel(sync);
   await pc.setLocalDescription(await pc.createOffer());
