@@ -87,9 +87,11 @@ class PtpNet:
 
     def start_free_running_slave(self, name: str = "refslave") -> subprocess.Popen[bytes]:
         """A second ptp4l slave beside the product; ``--free_running 1`` so it never steers
-        the shared host clock, and it prints its measured offset every sample (``-m``)."""
+        the shared host clock. Free running, ptp4l prints one measured "master offset" per
+        frequency-estimation interval (``freq_est_interval 0``: once a second)."""
         conf = self.workdir / f"{name}.conf"
-        conf.write_text("[global]\nslaveOnly 1\nfree_running 1\nsummary_interval 0\n"
+        conf.write_text("[global]\nslaveOnly 1\nfree_running 1\nsummary_interval -7\n"
+                        "freq_est_interval 0\n"
                         "logMinDelayReqInterval -3\ntx_timestamp_timeout 50\n")
         cmd = ["ptp4l", "-S", "-4", "-m", "-i", self.if_slave, "-f", str(conf),
                "--free_running", "1",
