@@ -1,9 +1,15 @@
-"""ClockService in an in-process app: /api/clock, the clock-join WebSocket, gauges."""
+"""ClockService in an in-process app: /api/clock, the clock-join WebSocket, gauges.
+
+Each test runs its own event loop in a worker thread: the session's Playwright browser (sync
+API) marks a loop as running in the main thread, and these tests may run after it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import json
-from collections.abc import AsyncIterator
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -17,72 +23,81 @@ from sfu_sidecar.clock.service import ClockService, status_line
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 
-Fixture = tuple[Any, ClockService, Metrics]  # (aiohttp TestClient, service, metrics)
+Body = Callable[[Any, ClockService, Metrics], Awaitable[None]]
 
 
-@pytest.fixture
-async def client() -> AsyncIterator[Fixture]:
-    settings = load_settings({})
-    metrics = Metrics()
-    clock = ClockService(settings, metrics)
-    app = build_app(settings, components=[clock])
-    async with TestClient(TestServer(app)) as c:
-        yield c, clock, metrics
+def run(body: Body) -> None:
+    async def main() -> None:
+        settings = load_settings({})
+        metrics = Metrics()
+        clock = ClockService(settings, metrics)
+        async with TestClient(TestServer(build_app(settings, components=[clock]))) as client:
+            await body(client, clock, metrics)
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, main()).result(timeout=30)
 
 
-async def test_status_without_sources(client: Fixture) -> None:
-    c, clock, metrics = client
-    before = local.realtime_ns()
-    resp = await c.get("/api/clock")
-    assert resp.status == 200
-    st = await resp.json()
-    after = local.realtime_ns()
-    assert (st["source"], st["state"]) == ("system", "freerun")
-    assert before <= st["now_ns"] <= after
-    assert st["offset_ns"] == 0 and st["error_ns"] is None
-    assert st["ptp"] is None and st["ntp"] is None and st["sdp"] == []
-    assert clock.sdp_attributes() == []
-    assert "offset=+0ns" in status_line(st) and "system/freerun" in status_line(st)
-    text = metrics.render().decode()
-    assert 'sfu_sidecar_clock_state{state="freerun"} 1.0' in text
-    assert 'sfu_sidecar_clock_source{source="system"} 1.0' in text
+def test_status_without_sources() -> None:
+    async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
+        before = local.realtime_ns()
+        resp = await c.get("/api/clock")
+        assert resp.status == 200
+        st = await resp.json()
+        after = local.realtime_ns()
+        assert (st["source"], st["state"]) == ("system", "freerun")
+        assert before <= st["now_ns"] <= after
+        assert st["offset_ns"] == 0 and st["error_ns"] is None
+        assert st["ptp"] is None and st["ntp"] is None and st["sdp"] == []
+        assert clock.sdp_attributes() == []
+        assert "offset=+0ns" in status_line(st) and "system/freerun" in status_line(st)
+        text = metrics.render().decode()
+        assert 'sfu_sidecar_clock_state{state="freerun"} 1.0' in text
+        assert 'sfu_sidecar_clock_source{source="system"} 1.0' in text
+
+    run(body)
 
 
-async def test_now_is_monotonic(client: Fixture) -> None:
-    _, clock, _ = client
-    values = [clock.now_ns() for _ in range(1000)]
-    assert values == sorted(values)
+def test_now_is_monotonic() -> None:
+    async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
+        values = [clock.now_ns() for _ in range(1000)]
+        assert values == sorted(values)
+
+    run(body)
 
 
-async def test_websocket_json_and_msgpack(client: Fixture) -> None:
-    c, clock, _ = client
-    async with c.ws_connect("/api/clock/ws") as ws:
-        t1 = local.realtime_ns()
-        await ws.send_str(json.dumps({"type": "clock_req", "t1": t1}))
-        resp = json.loads(await ws.receive_str())
-        t4 = local.realtime_ns()
-        assert resp["type"] == "clock_resp" and resp["t1"] == t1
-        assert t1 <= resp["t2"] <= resp["t3"] <= t4  # house = host here (no source)
-        await ws.send_bytes(msgpack.packb({"type": "clock_req", "t1": 42}))
-        got = msgpack.unpackb(await ws.receive_bytes())
-        assert got["type"] == "clock_resp" and got["t1"] == 42
-        await ws.send_str(json.dumps({"type": "clock_report", "offset_ns": 5, "error_ns": 9,
-                                      "rtt_ns": 18}))
-        await ws.send_str(json.dumps({"type": "clock_req", "t1": 1}))
-        assert json.loads(await ws.receive_str())["t1"] == 1
-        assert list(clock.reports.values()) == [{"offset_ns": 5, "error_ns": 9, "rtt_ns": 18}]
+def test_websocket_json_and_msgpack() -> None:
+    async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
+        async with c.ws_connect("/api/clock/ws") as ws:
+            t1 = local.realtime_ns()
+            await ws.send_str(json.dumps({"type": "clock_req", "t1": t1}))
+            resp = json.loads(await ws.receive_str())
+            t4 = local.realtime_ns()
+            assert resp["type"] == "clock_resp" and resp["t1"] == t1
+            assert t1 <= resp["t2"] <= resp["t3"] <= t4  # house = host here (no source)
+            await ws.send_bytes(msgpack.packb({"type": "clock_req", "t1": 42}))
+            got = msgpack.unpackb(await ws.receive_bytes())
+            assert got["type"] == "clock_resp" and got["t1"] == 42
+            await ws.send_str(json.dumps({"type": "clock_report", "offset_ns": 5,
+                                          "error_ns": 9, "rtt_ns": 18}))
+            await ws.send_str(json.dumps({"type": "clock_req", "t1": 1}))
+            assert json.loads(await ws.receive_str())["t1"] == 1
+            assert list(clock.reports.values()) == [{"offset_ns": 5, "error_ns": 9,
+                                                     "rtt_ns": 18}]
+
+    run(body)
 
 
-@pytest.mark.parametrize("bad", ['{"type":"clock_req"}', "nope", '{"type":"clock_resp",'
-                                 '"t1":1,"t2":2,"t3":3}'])
-async def test_websocket_bad_message_closes_1007(
-    client: Fixture, bad: str,
-) -> None:
-    c, _, metrics = client
-    async with c.ws_connect("/api/clock/ws") as ws:
-        await ws.send_str(bad)
-        msg = await ws.receive()
-        assert msg.type == aiohttp.WSMsgType.CLOSE
-        assert ws.close_code == 1007
-    assert 'sfu_sidecar_clock_bad_packets_total{protocol="clock_join"} 1.0' in (
-        metrics.render().decode())
+@pytest.mark.parametrize("bad", ['{"type":"clock_req"}', "nope",
+                                 '{"type":"clock_resp","t1":1,"t2":2,"t3":3}'])
+def test_websocket_bad_message_closes_1007(bad: str) -> None:
+    async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
+        async with c.ws_connect("/api/clock/ws") as ws:
+            await ws.send_str(bad)
+            msg = await ws.receive()
+            assert msg.type == aiohttp.WSMsgType.CLOSE
+            assert ws.close_code == 1007
+        assert 'sfu_sidecar_clock_bad_packets_total{protocol="clock_join"} 1.0' in (
+            metrics.render().decode())
+
+    run(body)

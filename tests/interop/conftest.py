@@ -3,21 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import http.client
+import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-import aiohttp
 import pytest
 
 from tests.interop.ptpnet import Chrony, PtpNet, have_tools
 
 HERE = Path(__file__).resolve().parent
+T = TypeVar("T")
 
 
 def _require(*tools: str) -> None:
@@ -73,8 +76,24 @@ def chrony_factory(tmp_path: Path) -> Iterator[Any]:
         c.close()
 
 
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("clock", timeout=5)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(5)
+        sock.connect(self.unix_path)
+        self.sock = sock
+
+
 class ClockServer:
-    """tests/interop/clock_server.py in a namespace, reached over a Unix socket."""
+    """tests/interop/clock_server.py in a namespace, reached over a Unix socket.
+
+    Synchronous on purpose: the session's Playwright browser keeps an event loop marked as
+    running in the main thread, so tests after it cannot start one there.
+    """
 
     def __init__(self, prefix: list[str], workdir: Path, args: list[str],
                  holdover_s: float, ntp_poll_s: float) -> None:
@@ -87,47 +106,50 @@ class ClockServer:
              str(holdover_s), str(ntp_poll_s), *args],
             stdout=self.log.open("wb"), stderr=subprocess.STDOUT, env=env,
         )
-        self.session: aiohttp.ClientSession | None = None
-
-    async def open(self) -> None:
         deadline = time.monotonic() + 15
-        while not Path(self.path).exists():  # noqa: ASYNC240 (a stat, no I/O wait)
+        while not os.path.exists(self.path):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"clock server exited:\n{self.log.read_text()}")
             if time.monotonic() > deadline:
                 raise TimeoutError("clock server did not start")
-            await asyncio.sleep(0.05)
-        self.session = aiohttp.ClientSession(connector=aiohttp.UnixConnector(self.path))
+            time.sleep(0.05)
 
-    async def status(self) -> dict[str, Any]:
-        assert self.session is not None
-        async with self.session.get("http://clock/api/clock") as resp:
+    def status(self) -> dict[str, Any]:
+        conn = _UnixHTTPConnection(self.path)
+        try:
+            conn.request("GET", "/api/clock")
+            resp = conn.getresponse()
             assert resp.status == 200
-            data: dict[str, Any] = await resp.json()
+            data: dict[str, Any] = json.loads(resp.read())
             return data
+        finally:
+            conn.close()
 
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
+    def close(self) -> None:
         PtpNet.stop(self.proc)
 
 
 @pytest.fixture
-async def clock_server_factory(tmp_path: Path) -> AsyncIterator[Any]:
+def clock_server_factory(tmp_path: Path) -> Iterator[Any]:
     made: list[ClockServer] = []
 
-    async def start(prefix: list[str], args: list[str], holdover_s: float = 10.0,
-                    ntp_poll_s: float = 16.0) -> ClockServer:
+    def start(prefix: list[str], args: list[str], holdover_s: float = 10.0,
+              ntp_poll_s: float = 16.0) -> ClockServer:
         wd = tmp_path / f"server{len(made)}"
         wd.mkdir()
         server = ClockServer(prefix, wd, args, holdover_s, ntp_poll_s)
         made.append(server)
-        await server.open()
         return server
 
     yield start
     for server in made:
-        await server.close()
+        server.close()
+
+
+def run_in_thread(coro: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run in a fresh thread (see ClockServer on why not in the main thread)."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coro).result(timeout=60)
 
 
 class ThreadedApp:
@@ -185,7 +207,6 @@ class ThreadedApp:
             await runner.cleanup()
 
     def status(self) -> dict[str, Any]:
-        import json
         import urllib.request
 
         with urllib.request.urlopen(self.base + "/api/clock", timeout=5) as resp:

@@ -6,18 +6,17 @@ an offset of ~+250 ms, the same offset /api/clock reports.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 
 from sfu_sidecar.client.clock import join_clock
-from tests.interop.conftest import ThreadedApp
+from tests.interop.conftest import ThreadedApp, run_in_thread
 
 
 @pytest.mark.parametrize("encoding", ["msgpack", "json"])
 def test_python_client_finds_the_house_offset(ntp_house: ThreadedApp, encoding: str) -> None:
-    clock = asyncio.run(join_clock(ntp_house.base, samples=16, encoding=encoding))
+    clock = run_in_thread(join_clock(ntp_house.base, samples=16, encoding=encoding))
     status = ntp_house.status()
     assert clock.samples == 16
     assert 0 <= clock.error_ns < 2_000_000

@@ -6,7 +6,6 @@ the other namespace on the veth peer. chronyd runs in the product's namespace on
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import subprocess
 import sys
@@ -25,17 +24,17 @@ NTP_OFFSET_S = 0.020  # chronyd's time: host + 20 ms
 MAX_SLEW_PPM = 10_000.0  # 1 %: the 17 ms change is slewed in ~1.7 s, observable in the test
 
 
-async def wait_for(server: Any, pred: Any, within_s: float, what: str,
-                   trail: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def wait_for(server: Any, pred: Any, within_s: float, what: str,
+             trail: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + within_s
     last: dict[str, Any] = {}
     while time.monotonic() < deadline:
-        last = await server.status()
+        last = server.status()
         if trail is not None:
             trail.append(last)
         if pred(last):
             return last
-        await asyncio.sleep(0.1)
+        time.sleep(0.1)
     raise AssertionError(f"timed out waiting for {what}; last status {last}; "
                          f"log: {server.log.read_text()[-3000:]}")
 
@@ -57,17 +56,17 @@ def check_trail(trail: list[dict[str, Any]], max_slew_ppm: float) -> float:
     return steepest
 
 
-async def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: Any,
-                                               clock_server_factory: Any) -> None:
+def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: Any,
+                                         clock_server_factory: Any) -> None:
     master = ptpnet.start_master(N_NS)
     chrony = chrony_factory(NTP_OFFSET_S, netns=ptpnet.exec_prefix(ptpnet.ns_slave))
-    server = await clock_server_factory(
+    server = clock_server_factory(
         ptpnet.exec_prefix(ptpnet.ns_slave),
         ["--ptp-interface", ptpnet.if_slave, "--ntp-servers", f"127.0.0.1:{chrony.port}",
          "--clock-max-slew-ppm", str(MAX_SLEW_PPM)],
         holdover_s=2.0, ntp_poll_s=1.0,
     )
-    locked = await wait_for(
+    locked = wait_for(
         server,
         lambda s: s["source"] == "ptp" and s["state"] == "locked"
         and abs(s["offset_ns"] - N_NS) < 20_000,
@@ -83,21 +82,21 @@ async def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: A
                              "a=mediaclk:direct=0"]
 
     # Settled: a few seconds of samples, all within 20 us of N (typically ~1 us).
-    settled = [await server.status() for _ in range(20)]
+    settled = [server.status() for _ in range(20)]
     errors = sorted(abs(s["offset_ns"] - N_NS) for s in settled)
     assert errors[len(errors) // 2] < 10_000, errors
     assert all(s["source"] == "ptp" and s["state"] == "locked" for s in settled)
 
     trail: list[dict[str, Any]] = [settled[-1]]
     PtpNet.stop(master)
-    held = await wait_for(server, lambda s: s["state"] == "holdover", 5, "holdover", trail)
+    held = wait_for(server, lambda s: s["state"] == "holdover", 5, "holdover", trail)
     assert held["source"] == "ptp"
     assert held["sdp"] == []  # RFC 7273 lines only while locked to PTP
     assert abs(held["offset_ns"] - N_NS) < 50_000  # holdover keeps the PTP line
-    await wait_for(server, lambda s: s["source"] == "ntp" and s["state"] == "locked", 10,
+    wait_for(server, lambda s: s["source"] == "ntp" and s["state"] == "locked", 10,
                    "NTP after holdover", trail)
     target = int(NTP_OFFSET_S * 1e9)
-    final = await wait_for(server, lambda s: abs(s["offset_ns"] - target) < 2_000_000, 20,
+    final = wait_for(server, lambda s: abs(s["offset_ns"] - target) < 2_000_000, 20,
                            "convergence to the NTP offset", trail)
     assert final["ntp"]["offset_ns"] == pytest.approx(target, abs=2_000_000)
     steepest = check_trail(trail, MAX_SLEW_PPM)
