@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import fcntl
 import socket
 import struct
@@ -40,10 +39,9 @@ SIOCGIFADDR = 0x8915
 _SCM_TS = struct.Struct("=qqqqqq")
 _TIMESPEC = struct.Struct("=qq")
 _CMSG_SPACE = 256
-# The transmit stamp is queued by the driver as the packet leaves; on veth it is there at once.
-# Poll the error queue a bounded number of times before giving up on one sample.
-TX_POLL_TRIES = 20
-TX_POLL_DELAY_S = 0.0005
+# The transmit stamp is queued as the packet leaves (at once on veth); like ptp4l's
+# tx_timestamp_timeout, give up on one sample after this.
+TX_STAMP_TIMEOUT_S = 0.05
 
 MODE_KERNEL = "kernel-software"
 MODE_KERNEL_RX = "kernel-rx-only"
@@ -109,6 +107,8 @@ class PtpSockets:
         self._event: socket.socket | None = None
         self._general: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tx_waiter: asyncio.Future[int] | None = None
+        self.tx_stamp_misses = 0  # sends whose kernel stamp never came (user-space time used)
 
     def _open(self, port: int) -> socket.socket:
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -146,6 +146,12 @@ class PtpSockets:
         self._loop.add_reader(self._general.fileno(), self._readable, self._general, False)
 
     def _readable(self, sock: socket.socket, is_event: bool) -> None:
+        if is_event:
+            # A queued transmit stamp raises EPOLLERR, which wakes this reader; draining it here
+            # keeps the loop from spinning on it and hands it to the waiting send_event.
+            stamp = self._drain_errqueue(sock)
+            if stamp is not None and self._tx_waiter is not None and not self._tx_waiter.done():
+                self._tx_waiter.set_result(stamp)
         # Bounded drain: at most a burst of 16 datagrams per wakeup keeps the loop fair.
         for _ in range(16):
             try:
@@ -153,10 +159,7 @@ class PtpSockets:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno == errno.EAGAIN:
-                    return
-                # An error-queue entry (a transmit stamp we did not wait for) wakes the reader.
-                self._drain_errqueue(sock)
+                log.debug("PTP receive failed: %s", exc.strerror)
                 return
             rx = _ts_from_cmsgs(anc) if is_event else None
             if rx is None and is_event:
@@ -178,11 +181,13 @@ class PtpSockets:
 
     async def send_event(self, data: bytes) -> int | None:
         """Send on the event port; return the transmit time (kernel stamp where available),
-        or None when the sockets are closed or the send failed."""
+        or None when the sockets are closed or the send failed. One send at a time."""
         sock = self._event
-        if sock is None:
+        if sock is None or self._loop is None:
             return None
-        self._drain_errqueue(sock)
+        self._drain_errqueue(sock)  # a stale stamp must not be taken for this packet's
+        waiter: asyncio.Future[int] = self._loop.create_future()
+        self._tx_waiter = waiter
         before = local.realtime_ns()
         try:
             sock.sendto(data, (PTP_PRIMARY_MULTICAST, EVENT_PORT))
@@ -191,15 +196,20 @@ class PtpSockets:
             return None
         if self.mode != MODE_KERNEL:
             return before
-        for _ in range(TX_POLL_TRIES):
-            if sock.fileno() < 0:
-                return None
-            ts = self._drain_errqueue(sock)
-            if ts is not None:
-                return ts
-            await asyncio.sleep(TX_POLL_DELAY_S)
-        log.debug("no transmit timestamp in the error queue; using the send time")
-        return before
+        # On veth the stamp is queued during sendto; elsewhere it follows within the driver's
+        # transmit completion, which wakes the reader above.
+        stamp = self._drain_errqueue(sock)
+        if stamp is not None:
+            return stamp
+        try:
+            return await asyncio.wait_for(waiter, TX_STAMP_TIMEOUT_S)
+        except TimeoutError:
+            self.tx_stamp_misses += 1
+            log.debug("no transmit timestamp within %.0f ms; using the send time",
+                      TX_STAMP_TIMEOUT_S * 1000)
+            return before
+        finally:
+            self._tx_waiter = None
 
     def close(self) -> None:
         for s in (self._event, self._general):

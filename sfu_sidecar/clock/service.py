@@ -248,6 +248,7 @@ class ClockService:
             "offset_from_master_ns": self.slave.last_offset_ns,
             "samples": self.slave.samples,
             "timestamping": self._ptp_socks.mode if self._ptp_socks else None,
+            "tx_timestamp_misses": self._ptp_socks.tx_stamp_misses if self._ptp_socks else 0,
             "alive": bool(st and st.alive(local.monotonic_ns(), self.fused.timeouts_ns[PTP])),
         }
 

@@ -49,4 +49,10 @@ async def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    try:  # the event loop `sfu-sidecar serve` runs on, when installed
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass
     asyncio.run(main(sys.argv[1:]))

@@ -77,6 +77,7 @@ def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: Any,
     assert ptp["grandmaster"] and ptp["domain"] == 0
     assert 0 < ptp["mean_path_delay_ns"] < 1_000_000
     assert ptp["samples"] > 0
+    assert ptp["tx_timestamp_misses"] == 0
     assert locked["ntp"]["server"] == f"127.0.0.1:{chrony.port}"
     assert locked["sdp"] == [f"a=ts-refclk:ptp=IEEE1588-2008:{ptp['grandmaster']}:0",
                              "a=mediaclk:direct=0"]
