@@ -240,3 +240,16 @@ def ntp_house(chrony_factory: Any) -> Iterator[ThreadedApp]:
         yield app
     finally:
         app.close()
+
+
+@pytest.fixture
+def ptplan(tmp_path: Path) -> Iterator[Any]:
+    """Two ptp4l masters and the product on one bridged LAN (see PtpLan)."""
+    from tests.interop.ptpnet import PtpLan
+
+    _require("ptp4l", "ip")
+    lan = PtpLan(tmp_path, masters=2)
+    try:
+        yield lan
+    finally:
+        lan.close()

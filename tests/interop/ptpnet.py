@@ -165,3 +165,77 @@ class Chrony:
     def close(self) -> None:
         for proc in reversed(self.procs):
             PtpNet.stop(proc)
+
+
+class PtpLan:
+    """Several namespaces on one bridge (in a hub namespace): masters ``m0``, ``m1``, ... and
+    the product's namespace ``p`` with interface :attr:`if_slave`. Masters see each other, as
+    on a real LAN, and choose among themselves with the BMCA; each runs ``free_running 1`` so a
+    master that becomes a slave never steers the shared host clock."""
+
+    def __init__(self, workdir: Path, masters: int) -> None:
+        self.tag = "sl" + uuid.uuid4().hex[:6]
+        self.workdir = workdir
+        self.hub = self.tag + "h"
+        self.ns_slave = self.tag + "p"
+        self.if_slave = self.tag + "p0"
+        self.master_ns = [f"{self.tag}m{i}" for i in range(masters)]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._made: list[str] = []
+        try:
+            self._setup()
+        except BaseException:
+            self.close()
+            raise
+
+    def _setup(self) -> None:
+        _run("ip", "netns", "add", self.hub)
+        self._made.append(self.hub)
+        _run("ip", "-n", self.hub, "link", "add", "br0", "type", "bridge")
+        _run("ip", "-n", self.hub, "link", "set", "br0", "up")
+        members = [(self.ns_slave, self.if_slave)] + [(ns, ns[-2:] + "0") for ns in
+                                                       self.master_ns]
+        for i, (ns, ifname) in enumerate(members):
+            _run("ip", "netns", "add", ns)
+            self._made.append(ns)
+            peer = f"{self.tag}y{i}"
+            _run("ip", "link", "add", peer, "type", "veth", "peer", "name", f"{self.tag}x{i}")
+            _run("ip", "link", "set", f"{self.tag}x{i}", "netns", ns)
+            _run("ip", "-n", ns, "link", "set", f"{self.tag}x{i}", "name", ifname)
+            _run("ip", "link", "set", peer, "netns", self.hub)
+            _run("ip", "-n", self.hub, "link", "set", peer, "master", "br0")
+            _run("ip", "-n", self.hub, "link", "set", peer, "up")
+            _run("ip", "-n", ns, "addr", "add", f"10.99.1.{i + 1}/24", "dev", ifname)
+            _run("ip", "-n", ns, "link", "set", ifname, "up")
+            _run("ip", "-n", ns, "link", "set", "lo", "up")
+            _run("ip", "-n", ns, "route", "add", "224.0.0.0/4", "dev", ifname)
+
+    def exec_prefix(self, ns: str) -> list[str]:
+        return ["ip", "netns", "exec", ns]
+
+    def start_master(self, index: int, offset_ns: int, priority1: int) -> subprocess.Popen[bytes]:
+        ns = self.master_ns[index]
+        conf = self.workdir / f"m{index}.conf"
+        conf.write_text(
+            "[global]\n"
+            f"priority1 {priority1}\n"
+            "free_running 1\n"
+            "logSyncInterval -3\nlogAnnounceInterval -2\nlogMinDelayReqInterval -3\n"
+            "tx_timestamp_timeout 50\n"
+        )
+        log = (self.workdir / f"m{index}.log").open("wb")
+        proc = subprocess.Popen(
+            [*self.exec_prefix(ns), "ptp4l", "-S", "-4", "-m", "-i", ns[-2:] + "0",
+             "-f", str(conf), "--free_running", "1",
+             "--uds_address", str(self.workdir / f"m{index}.{self.tag}.sock"),
+             "--egressLatency", str(offset_ns), "--ingressLatency", str(-offset_ns)],
+            stdout=log, stderr=subprocess.STDOUT)
+        self.procs.append(proc)
+        return proc
+
+    def close(self) -> None:
+        for proc in reversed(self.procs):
+            PtpNet.stop(proc)
+        for ns in reversed(self._made):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
+        self._made.clear()

@@ -121,3 +121,28 @@ def test_clock_command_prints_live_ptp_status(ptpnet: PtpNet, tmp_path: Path) ->
     offset = int(last.split("offset=")[1].split("ns")[0])
     assert abs(offset - N_NS) < 20_000, last
     assert "ts=kernel-software" in last
+
+
+def test_best_master_wins_and_failover_slews(ptplan: Any, clock_server_factory: Any) -> None:
+    """Two real grandmasters: priority1 100 at +3 ms and 200 at +4 ms. The product follows the
+    better one; when it dies the other takes over (after the masters' own BMCA) and house time
+    slews the 1 ms over to it instead of stepping."""
+    n_best, n_other = 3_000_000, 4_000_000
+    best = ptplan.start_master(0, n_best, priority1=100)
+    ptplan.start_master(1, n_other, priority1=200)
+    server = clock_server_factory(
+        ptplan.exec_prefix(ptplan.ns_slave),
+        ["--ptp-interface", ptplan.if_slave, "--clock-max-slew-ppm", str(MAX_SLEW_PPM)],
+    )
+    first = wait_for(server, lambda s: s["state"] == "locked"
+                     and abs(s["offset_ns"] - n_best) < 20_000, 20, "lock on the best master")
+    gm_best = first["ptp"]["grandmaster"]
+    trail: list[dict[str, Any]] = [first]
+    PtpNet.stop(best)
+    second = wait_for(
+        server, lambda s: s["ptp"]["grandmaster"] not in (None, gm_best)
+        and s["state"] == "locked" and abs(s["offset_ns"] - n_other) < 20_000,
+        20, "failover to the second master", trail)
+    assert second["source"] == "ptp"
+    assert second["sdp"][0].endswith(f"{second['ptp']['grandmaster']}:0")
+    check_trail(trail, MAX_SLEW_PPM)
