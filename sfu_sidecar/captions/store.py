@@ -125,6 +125,11 @@ class SqliteCueStore:
             stream: (epoch, source)
             for stream, epoch, source in conn.execute("SELECT stream, epoch_ns, source FROM epochs")
         }
+        # The highest seq ever handed out survives even when retention purged its cue, so
+        # change-feed cursors held by clients never see a seq twice.
+        (seq_row,) = conn.execute(
+            "SELECT coalesce(max(value), 0) FROM meta WHERE key='seq'"
+        ).fetchone()
         cues = [
             StoredCue(s, lang, i, a, b, text, bool(final), seq, settings, bool(deleted))
             for s, lang, i, a, b, text, final, seq, settings, deleted in conn.execute(
@@ -133,7 +138,7 @@ class SqliteCueStore:
             )
         ]
         self._read_conn = conn
-        return Snapshot(epochs, cues, max((c.seq for c in cues), default=0))
+        return Snapshot(epochs, cues, max(seq_row, max((c.seq for c in cues), default=0)))
 
     async def write(self, batch: WriteBatch) -> None:
         loop = asyncio.get_running_loop()
@@ -228,6 +233,11 @@ def _apply(conn: sqlite3.Connection, batch: WriteBatch) -> None:
                  c.settings, int(c.deleted))
                 for c in batch.cues
             ],
+        )
+        conn.execute(
+            "INSERT INTO meta VALUES ('seq', ?) ON CONFLICT (key) DO UPDATE SET "
+            "value = max(value, excluded.value)",
+            (max(c.seq for c in batch.cues),),
         )
     if batch.chunks:
         conn.executemany("INSERT OR IGNORE INTO chunks VALUES (?, ?, ?, ?)", batch.chunks)
