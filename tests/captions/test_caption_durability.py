@@ -178,7 +178,7 @@ def wired(server_factory: Callable[..., ServerProcess]) -> Iterator[Callable[[],
         try:
             urllib.request.urlopen(req, timeout=5).close()
         except urllib.error.HTTPError as exc:
-            if exc.code == 404:
+            if exc.code == 404 and b"no route" in exc.read():
                 pytest.skip("caption component not wired into app.build_components yet")
             raise
         return server
