@@ -329,6 +329,21 @@ class CaptionService:
         track = self._tracks.get((stream, lang))
         return [] if track is None else track.between(start_ms, end_ms)
 
+    def snapshot(self, stream: str, start_s: float, end_s: float) -> list[dict[str, Any]]:
+        """``cue`` messages (event shape) for every cue of ``stream``, all languages, displayed
+        in [start_s, end_s): what a viewer joining late needs before the live events."""
+        start_ms, end_ms = round(start_s * 1000), round(end_s * 1000)
+        out = []
+        for (s, _lang), track in sorted(self._tracks.items()):
+            if s == stream:
+                for cue in track.between(start_ms, end_ms):
+                    out.append(
+                        CueEvent(
+                            cue.stream, cue.lang, cue.id, cue.start, cue.end, cue.text, cue.final
+                        ).message()
+                    )
+        return out
+
     def languages(self, stream: str) -> list[str]:
         return sorted(lang for (s, lang), track in self._tracks.items() if s == stream)
 

@@ -120,6 +120,15 @@ async def test_update_interim_to_final_and_events(env: Env) -> None:
     sub.close()
 
 
+async def test_snapshot_for_late_joiners(env: Env) -> None:
+    await env.post("j", stream_doc(cue("a", 0, 1), cue("b", 5, 6)))
+    await env.post("j", stream_doc(cue("x", 0.5, 2, "salut"), lang="fr"))
+    got = env.service.snapshot("j", 0.9, 5)
+    assert [(m["lang"], m["id"]) for m in got] == [("en", "a"), ("fr", "x")]
+    assert got[1] == {"type": "cue", "stream": "j", "lang": "fr", "id": "x", "start": 0.5,
+                      "end": 2.0, "text": "salut", "final": True}
+
+
 async def test_retraction(env: Env) -> None:
     await env.post("s1", stream_doc(cue("a", 0, 1), cue("b", 0.5, 1.5)))
     env.clock.advance(1)

@@ -576,3 +576,16 @@ def test_serializer_round_trip(items: list[Cue]) -> None:
     # A cue id that is whitespace-free text is safe; ids starting a block like "NOTE" still
     # parse as ids because the timing line follows on line two.
     assert parse(serialize(items)).cues == items
+
+
+BYTES_CORPUS = [
+    b"WEBVTT\n\n00:00.000 --> 00:01.000\nbad \xff\xfe utf-8 \xe2\x82 cut \xf0\x9f\x98\x80 ok\n",
+    b"\xef\xbb\xbfWEBVTT\r\n\r\n00:00.000 --> 00:01.000\r\n\xc3\xa9\xc3\r\n\xe4\xb8",
+]
+
+
+@pytest.mark.parametrize("data", BYTES_CORPUS)
+def test_invalid_utf8_byte_by_byte_equals_whole(data: bytes) -> None:
+    whole = parse(data)
+    assert "\ufffd" in whole.cues[0].text
+    assert parse_chunked(data, list(range(1, len(data)))) == whole
