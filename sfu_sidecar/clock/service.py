@@ -271,8 +271,10 @@ class ClockService:
             self._c_bad.labels("ntp").inc()
             log.debug("NTP reply from %s refused: %s", server, exc.reason)
             return
-        # Servers in the configured order: use the first that answers.
-        preferred = next((s for s in self._ntp if self._ntp[s].samples), server)
+        # Servers in the configured order: use the first one still answering.
+        fresh_after = rx_ns - self.fused.timeouts_ns[NTP]
+        preferred = next((s for s, c in self._ntp.items()
+                          if c.samples and c.samples[-1].local_ns >= fresh_after), server)
         if server != preferred:
             return
         if self._ntp_used != server:
