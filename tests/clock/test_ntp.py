@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sfu_sidecar.clock.ntp import (
     NTP_UNIX_DELTA_S,
@@ -108,3 +110,10 @@ def test_unsolicited_and_duplicate_replies_refused() -> None:
     other = SntpClient().request(T + 5)
     with pytest.raises(NtpError, match="origin"):
         client.response(_server_reply(other, T), T + 100_000)
+
+
+@given(st.integers(0, 4_000_000_000 * NS), st.integers(-(60 * 365 * 86400) * NS,
+                                                       (60 * 365 * 86400) * NS))
+def test_ntp_timestamps_round_trip_within_68_years(unix_ns: int, skew_ns: int) -> None:
+    # RFC 5905 §6: decoding needs a reference within 68 years; 60 years away still decodes.
+    assert abs(ntp_to_ns(ns_to_ntp(unix_ns), unix_ns + skew_ns) - unix_ns) <= 1

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass, field
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from sfu_sidecar.clock.ptp import (
     Announce,
@@ -352,3 +354,40 @@ def test_other_domain_and_non_parent_ignored() -> None:
     run = simulate([SimMaster(GM_A, offset_ns=0)], 1, slave=slave)
     assert run.selected == [] and run.measurements == []
     assert slave.ignored > 0
+
+
+# --- properties ------------------------------------------------------------------------------
+
+_identities = st.binary(min_size=8, max_size=8)
+_timestamps = st.builds(Timestamp, st.integers(0, (1 << 48) - 1), st.integers(0, NS - 1))
+_headers = st.builds(
+    Header,
+    message_type=st.just(MessageType.SYNC),
+    domain=st.integers(0, 255),
+    flags=st.integers(0, 0xFFFF).map(Flag),
+    correction=st.integers(-(1 << 63), (1 << 63) - 1),
+    source=st.builds(PortIdentity, _identities, st.integers(0, 0xFFFF)),
+    sequence_id=st.integers(0, 0xFFFF),
+    log_interval=st.integers(-128, 127),
+)
+
+
+@given(_headers, _timestamps)
+def test_any_sync_round_trips(header: Header, ts: Timestamp) -> None:
+    msg = Sync(Header(**{**header.__dict__, "message_length": 44}), ts)
+    assert parse(msg.serialize()) == msg
+
+
+@given(_headers, _timestamps, st.integers(-(1 << 15), (1 << 15) - 1), st.integers(0, 255),
+       st.integers(0, 255), _identities, st.integers(0, 0xFFFF))
+def test_any_announce_round_trips(header: Header, ts: Timestamp, utc: int, p1: int, p2: int,
+                                  gm: bytes, steps: int) -> None:
+    h = Header(**{**header.__dict__, "message_type": MessageType.ANNOUNCE, "message_length": 64})
+    msg = Announce(h, ts, utc, p1, ClockQuality(6, 0x21, 0x4E5D), p2, gm, steps, 0x20)
+    assert parse(msg.serialize()) == msg
+
+
+@given(st.binary(max_size=120))
+def test_any_bytes_parse_or_raise_typed(data: bytes) -> None:
+    with contextlib.suppress(PtpError):
+        parse(data)
