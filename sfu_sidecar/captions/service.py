@@ -177,6 +177,13 @@ class CaptionService:
         log.info("stream %s epoch %d (%s)", stream, epoch_ns, source)
         self.events.publish(EpochEvent(stream, epoch_ns))
 
+    def stream_now_ms(self, stream: str) -> int:
+        """Stream time now (ms since the epoch); NotFound before the epoch is fixed."""
+        epoch = self._epochs.get(stream)
+        if epoch is None:
+            raise NotFound(f"no captions or media for stream {stream!r} yet")
+        return (self._now_ns() - epoch) // 1_000_000
+
     # --- writes ----------------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:

@@ -168,6 +168,8 @@ async def test_house_time_ingest_and_epoch_rules(env: Env) -> None:
     # fix_epoch first: media fixes it and an epoch event goes out.
     assert env.service.fix_epoch("m", T0 + 123) == T0 + 123
     assert env.service.epoch("m") == T0 + 123
+    env.clock.advance(2)
+    assert env.service.stream_now_ms("m") == 1999  # 2 s minus the 123 ns, floored
     events = [await asyncio.wait_for(sub.get(), 1) for _ in range(4)]
     assert EpochEvent("m", T0 + 123) in events
     sub.close()
