@@ -181,10 +181,12 @@ class PtpSockets:
 
     async def send_event(self, data: bytes) -> int | None:
         """Send on the event port; return the transmit time (kernel stamp where available),
-        or None when the sockets are closed or the send failed. One send at a time."""
+        or None when the sockets are closed, the send failed or another send is in flight."""
         sock = self._event
         if sock is None or self._loop is None:
             return None
+        if self._tx_waiter is not None:
+            return None  # the previous stamp is still awaited: skip rather than mix them up
         self._drain_errqueue(sock)  # a stale stamp must not be taken for this packet's
         waiter: asyncio.Future[int] = self._loop.create_future()
         self._tx_waiter = waiter
