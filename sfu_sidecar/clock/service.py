@@ -127,7 +127,9 @@ class ClockService:
         ``a=ts-refclk:ptp=IEEE1588-2008:<grandmaster identity>:<domain>`` (§4.8) names the
         clock; ``a=mediaclk:direct=<offset>`` (§5.2) says the stream's RTP clock is tied to it,
         with ``mediaclk_offset`` the RTP timestamp at the reference epoch (the relay's own).
-        Lines are returned without the trailing CRLF.
+        Lines are returned without the trailing CRLF. The domain is written bare, as in the
+        RFC's own examples and in AES67 / SMPTE ST 2110-10 (its ABNF also allows a
+        ``domain-nmbr=`` prefix, which receivers in that world do not expect).
         """
         parent = self.slave.parent if self.slave is not None else None
         if self.fused.state != LOCKED or self.fused.source != PTP or parent is None:
