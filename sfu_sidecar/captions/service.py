@@ -10,6 +10,8 @@ Stream timeline rule (documented for producers and the relay):
   relay uses it.
 * Once fixed an epoch never moves (chunks already served would lie), and it is stored durably
   with the cues, so it survives restarts.
+* A house-time cue that starts before the epoch but ends after it is shown from stream time 0;
+  one that ends before the epoch is refused (422).
 """
 
 from __future__ import annotations
@@ -241,10 +243,13 @@ class CaptionService:
             if batch.timebase == "house_ns":
                 start_ms = (cue.start - epoch + 500_000) // 1_000_000
                 end_ms = (cue.end - epoch + 500_000) // 1_000_000
-                if start_ms < 0:
+                if end_ms <= 0:
                     raise Unprocessable(
-                        f"cues[{i}] starts {-start_ms} ms before the stream epoch {epoch}"
+                        f"cues[{i}] ends {-end_ms} ms before the stream epoch {epoch}"
                     )
+                # A cue that began before the stream did (captions posted ahead of the first
+                # frame, which then fixed the epoch) is shown from the stream's start.
+                start_ms = max(0, start_ms)
                 if end_ms <= start_ms:
                     raise Unprocessable(f"cues[{i}] is shorter than a millisecond")
             else:

@@ -162,16 +162,20 @@ async def test_house_time_ingest_and_epoch_rules(env: Env) -> None:
     feed = await (await env.client.get("/api/streams/h/captions")).json()
     times = {c["id"]: (c["start"], c["end"]) for c in feed["cues"]}
     assert times == {"h0": (0.0, 1.001), "h1": (1.0, 2.0)}
-    early = dict(doc, cues=[{"id": "e", "start": t - 10**9, "end": t + 1, "text": "x"}])
+    early = dict(doc, cues=[{"id": "e", "start": t - 10**9, "end": t - 10**6, "text": "x"}])
     resp = await env.post("h", early)
     assert resp.status == 422 and "before the stream epoch" in (await resp.json())["error"]
+    # Straddling the epoch: shown from stream time 0.
+    straddle = dict(doc, cues=[{"id": "s", "start": t - 10**9, "end": t + 10**9, "text": "x"}])
+    resp = await env.post("h", straddle)
+    assert (await resp.json())["cues"][0]["start"] == 0
     # fix_epoch first: media fixes it and an epoch event goes out.
     assert env.service.fix_epoch("m", T0 + 123) == T0 + 123
     assert env.service.epoch("m") == T0 + 123
     env.clock.advance(2)
     assert env.service.stream_now_ms("m") == 1999  # 2 s minus the 123 ns, floored
-    events = [await asyncio.wait_for(sub.get(), 1) for _ in range(4)]
-    assert EpochEvent("m", T0 + 123) in events
+    events = [await asyncio.wait_for(sub.get(), 1) for _ in range(5)]
+    assert events[-1] == EpochEvent("m", T0 + 123)
     sub.close()
 
 
