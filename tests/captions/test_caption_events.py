@@ -49,3 +49,14 @@ def test_message_shapes() -> None:
     assert CueRetractEvent("s", "en", "i").message() == {
         "type": "cue_retract", "stream": "s", "lang": "en", "id": "i"}
     assert EpochEvent("s", 7).message() == {"type": "epoch", "stream": "s", "epoch_ns": 7}
+
+
+def test_messages_are_sync_channel_controls() -> None:
+    # The sync DataChannel forwards event.message() as a control message: the shapes must match.
+    from sfu_sidecar.sync.wire import control_from_map
+
+    for event in (CueEvent("s", "en", "i", 1.0, 2.5, "hi", False),
+                  CueRetractEvent("s", "en", "i"), EpochEvent("s", 17)):
+        control = control_from_map(event.message())
+        assert {k: getattr(control, k) for k in event.message() if k != "type"} == {
+            k: v for k, v in event.message().items() if k != "type"}
