@@ -34,7 +34,7 @@ import aioice
 import aioice.ice
 import aiortc
 from aioice.candidate import Candidate, candidate_foundation, candidate_priority
-from aiortc import RTCPeerConnection, RTCRtpSender
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender
 from aiortc.codecs import HEADER_EXTENSIONS
 from aiortc.rate import RemoteBitrateEstimator
 from aiortc.rtcdtlstransport import RTCDtlsTransport
@@ -98,7 +98,7 @@ async def check() -> None:
     for owner, name in REQUIRED:
         if not hasattr(owner, name):
             raise _fail(f"{getattr(owner, '__name__', owner)}.{name}")
-    pc = RTCPeerConnection()
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     try:
         transceiver = pc.addTransceiver("video", direction="sendonly")
         sender = transceiver.sender

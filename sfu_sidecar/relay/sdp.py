@@ -73,7 +73,9 @@ def parse(text: str, *, what: str) -> Description:
         raise BadInput(f"{what} is not an SDP (must start with v=0)")
     try:
         parsed = aiosdp.SessionDescription.parse(text)
-    except (ValueError, IndexError, KeyError, StopIteration, TypeError, AttributeError) as exc:
+    except (ValueError, IndexError, KeyError, StopIteration, TypeError, AttributeError,
+            AssertionError) as exc:
+        # aiortc's parser signals bad input with whatever its code happens to hit.
         raise BadInput(f"{what} does not parse as SDP: {exc}") from None
     media: list[MediaInfo] = []
     has_application = False
@@ -182,7 +184,7 @@ def parse_trickle(text: str) -> Trickle:
         elif line.startswith("a=candidate:"):
             try:
                 cand = aiosdp.candidate_from_sdp(line[12:])
-            except (ValueError, IndexError) as exc:
+            except (ValueError, IndexError, AssertionError) as exc:
                 raise BadInput(f"bad candidate line {line!r}: {exc}") from None
             if cand.ip.lower().endswith(".local"):
                 dropped += 1

@@ -55,7 +55,7 @@ class RelayService:
         self.observers: list[RelayObserver] = list(observers)
         self.rooms = Rooms()
         self._routes = WhipRoutes(self)
-        self._closed_totals = {"publishers": 0, "viewers": 0}
+        self._accepted = {"publishers": 0, "viewers": 0}
         metrics.registry.register(_RelayCollector(self))
 
     def add_observer(self, observer: RelayObserver) -> None:
@@ -86,7 +86,7 @@ class RelayService:
         except BaseException:
             await session.close()
             raise
-        self._closed_totals["publishers"] += 1
+        self._accepted["publishers"] += 1
         return session
 
     async def view(self, name: str, offer: str) -> ViewerSession:
@@ -98,7 +98,7 @@ class RelayService:
         except BaseException:
             await session.close()
             raise
-        self._closed_totals["viewers"] += 1
+        self._accepted["viewers"] += 1
         return session
 
     def find_session(self, stream_name: str, session_id: str) -> (
@@ -165,6 +165,6 @@ class _RelayCollector(Collector):
                 nacks.add_metric([stream.name, kind], sum(o.retransmitted for o in fw.outputs))
                 plis.add_metric([stream.name, kind], fw.keyframe_requests_sent)
         publishers.add_metric([], live)
-        sessions.add_metric(["publisher"], s._closed_totals["publishers"])
-        sessions.add_metric(["viewer"], s._closed_totals["viewers"])
+        sessions.add_metric(["publisher"], s._accepted["publishers"])
+        sessions.add_metric(["viewer"], s._accepted["viewers"])
         yield from (packets_in, packets_out, nacks, plis, viewers, publishers, sessions)

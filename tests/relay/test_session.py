@@ -55,6 +55,33 @@ async def test_viewers_decode_and_receive_the_publishers_exact_payloads(relay: R
         await pub.close()
 
 
+async def test_a_broken_viewer_does_not_hold_up_the_others(relay: Relay) -> None:
+    pub = await publish(relay.http, relay.base, "broken", video=PatternVideo())
+    good = await view(relay.http, relay.base, "broken", kinds=("video",))
+    bad = await view(relay.http, relay.base, "broken", kinds=("video",))
+    try:
+        await frames(bad.tracks["video"], 5, limit_s=10)
+        stream = relay.service.rooms.get("broken")
+        sessions = list(stream.viewers.values())
+        bad_output = next(
+            s.tracks["video"] for s in sessions
+            if _media(bad.received, _pt(bad, "video"))[0].ssrc == s.tracks["video"].ssrc
+        )
+
+        def fail(data: bytes) -> None:
+            raise OSError("socket gone")
+
+        bad_output.transmit = fail
+        before = len(good.received)
+        await frames(good.tracks["video"], 30, limit_s=10)
+        assert len(good.received) > before + 30
+        assert bad_output.send_errors > 30
+    finally:
+        await good.close()
+        await bad.close()
+        await pub.close()
+
+
 async def test_late_viewer_gets_a_keyframe_on_request(relay: Relay) -> None:
     pub = await publish(relay.http, relay.base, "late", video=PatternVideo())
     early = await view(relay.http, relay.base, "late", kinds=("video",))

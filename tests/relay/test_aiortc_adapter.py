@@ -1,0 +1,68 @@
+"""The aiortc seam: start-up checks, extension negotiation, ICE on chosen addresses and ports."""
+
+from __future__ import annotations
+
+import pytest
+from aiortc.codecs import HEADER_EXTENSIONS
+
+from sfu_sidecar.config import PortRange
+from sfu_sidecar.exceptions import ConfigError
+from sfu_sidecar.relay import aiortc_adapter
+from tests.conftest import free_port
+from tests.relay.peers import client_pc
+
+
+async def test_check_passes_on_the_pinned_aiortc() -> None:
+    await aiortc_adapter.check()
+
+
+async def test_check_names_the_version_when_an_internal_is_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiortc.rtcdtlstransport import RTCDtlsTransport
+
+    monkeypatch.delattr(RTCDtlsTransport, "_handle_rtp_data")
+    with pytest.raises(ConfigError, match=r"aiortc 1\.16\.0.*_handle_rtp_data"):
+        await aiortc_adapter.check()
+
+
+def test_negotiate_header_extension_is_idempotent_and_shares_ids() -> None:
+    uri = "urn:example:test-extension"
+    try:
+        aiortc_adapter.negotiate_header_extension("audio", uri)
+        aiortc_adapter.negotiate_header_extension("video", uri)
+        aiortc_adapter.negotiate_header_extension("video", uri)
+        audio = [e for e in HEADER_EXTENSIONS["audio"] if e.uri == uri]
+        video = [e for e in HEADER_EXTENSIONS["video"] if e.uri == uri]
+        assert len(audio) == len(video) == 1 and audio[0].id == video[0].id
+        other_ids = {e.id for k in HEADER_EXTENSIONS.values() for e in k if e.uri != uri}
+        assert audio[0].id not in other_ids
+    finally:
+        for kind in ("audio", "video"):
+            HEADER_EXTENSIONS[kind][:] = [e for e in HEADER_EXTENSIONS[kind] if e.uri != uri]
+
+
+async def test_install_ice_announces_loopback_inside_the_port_range() -> None:
+    low = free_port(kind=2)  # SOCK_DGRAM
+    ports = PortRange(low, low + 3)
+    pc = client_pc()
+    pc.addTransceiver("video", direction="sendonly")
+    aiortc_adapter.install_ice(pc, ("127.0.0.1",), ports)
+    await pc.setLocalDescription(await pc.createOffer())
+    candidates = [
+        line.split() for line in pc.localDescription.sdp.splitlines()
+        if line.startswith("a=candidate:")
+    ]
+    await pc.close()
+    assert [(c[4], c[7]) for c in candidates] == [("127.0.0.1", "host")]
+    assert low <= int(candidates[0][5]) <= low + 3
+
+
+async def test_announced_address_that_is_not_local_binds_the_wildcard() -> None:
+    pc = client_pc()
+    pc.addTransceiver("audio", direction="sendonly")
+    aiortc_adapter.install_ice(pc, ("203.0.113.7",), None)
+    await pc.setLocalDescription(await pc.createOffer())
+    sdp = pc.localDescription.sdp
+    await pc.close()
+    assert " 203.0.113.7 " in sdp

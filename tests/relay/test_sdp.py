@@ -1,0 +1,106 @@
+"""Offer checks, negotiated-media summaries, mDNS filtering and trickle fragments."""
+
+from __future__ import annotations
+
+import pytest
+
+from sfu_sidecar.exceptions import BadInput, NotAcceptable, Unprocessable
+from sfu_sidecar.relay import sdp
+
+OFFER = "\r\n".join([
+    "v=0",
+    "o=- 1 2 IN IP4 127.0.0.1",
+    "s=-",
+    "t=0 0",
+    "a=group:BUNDLE 0 1",
+    "m=audio 9 UDP/TLS/RTP/SAVPF 111",
+    "c=IN IP4 0.0.0.0",
+    "a=mid:0",
+    "a=sendonly",
+    "a=ice-ufrag:abcd",
+    "a=ice-pwd:0123456789012345678901",
+    "a=fingerprint:sha-256 " + ":".join(["AB"] * 32),
+    "a=setup:actpass",
+    "a=rtcp-mux",
+    "a=rtpmap:111 opus/48000/2",
+    "a=extmap:4 urn:ietf:params:rtp-hdrext:sdes:mid",
+    "a=candidate:1 1 udp 2122260223 127.0.0.1 50000 typ host",
+    "a=candidate:2 1 udp 2122260223 6b2a0c1e-1111-4222-8333-944444444444.local 50001 typ host",
+    "m=video 9 UDP/TLS/RTP/SAVPF 96 97 102",
+    "c=IN IP4 0.0.0.0",
+    "a=mid:1",
+    "a=sendonly",
+    "a=ice-ufrag:abcd",
+    "a=ice-pwd:0123456789012345678901",
+    "a=fingerprint:sha-256 " + ":".join(["AB"] * 32),
+    "a=setup:actpass",
+    "a=rtcp-mux",
+    "a=rtpmap:96 VP9/90000",
+    "a=rtpmap:97 VP8/90000",
+    "a=rtpmap:102 rtx/90000",
+    "a=fmtp:102 apt=97",
+    "a=extmap:4 urn:ietf:params:rtp-hdrext:sdes:mid",
+    "a=extmap:9 http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time",
+    "a=ssrc-group:FID 1111 2222",
+    "a=ssrc:1111 cname:pub",
+    "a=ssrc:2222 cname:pub",
+    "",
+])
+
+
+def test_parse_summarises_media() -> None:
+    desc = sdp.parse(OFFER, what="offer")
+    audio, video = desc.media
+    assert (audio.kind, audio.mid, audio.direction, audio.primary.name) == (
+        "audio", "0", "sendonly", "opus"
+    )
+    assert video.primary.name == "vp9"  # first offered; not forwardable
+    assert [c.name for c in video.codecs if c.forwardable] == ["vp8"]
+    assert video.rtx_for(97) == 102 and video.rtx_for(96) is None
+    assert video.extensions[
+        "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"] == 9
+    assert video.rtx_ssrcs == {2222: 1111} and video.cname == "pub"
+    assert (desc.ice_ufrag, desc.has_application) == ("abcd", False)
+    sdp.check_offer(desc, publishing=True)
+
+
+def test_check_offer_refusals() -> None:
+    with pytest.raises(BadInput, match="a viewer must receive"):
+        sdp.check_offer(sdp.parse(OFFER, what="offer"), publishing=False)
+    no_codec = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 AV1/90000")
+    with pytest.raises(NotAcceptable, match=r"VP8, H\.264"):
+        sdp.check_offer(sdp.parse(no_codec, what="offer"), publishing=True)
+    h264_mode0 = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 H264/90000")
+    with pytest.raises(NotAcceptable):
+        sdp.check_offer(sdp.parse(h264_mode0, what="offer"), publishing=True)
+    two_videos = OFFER + OFFER[OFFER.index("m=video"):]
+    with pytest.raises(BadInput, match="more than one video"):
+        sdp.check_offer(sdp.parse(two_videos, what="offer"), publishing=True)
+    with pytest.raises(BadInput, match="must start with v=0"):
+        sdp.parse("<html>", what="offer")
+    with pytest.raises(BadInput, match="lacks ICE"):
+        sdp.parse(OFFER.replace("a=ice-ufrag:abcd\r\n", ""), what="offer")
+
+
+def test_mdns_candidates_are_dropped() -> None:
+    text, dropped = sdp.strip_mdns_candidates(OFFER)
+    assert dropped == 1
+    assert ".local" not in text and "127.0.0.1 50000" in text
+
+
+def test_trickle_fragment() -> None:
+    frag = "\r\n".join([
+        "a=ice-ufrag:abcd", "a=ice-pwd:0123456789012345678901", "m=audio 9 RTP/AVP 0",
+        "a=mid:0", "a=candidate:1 1 udp 2122260223 127.0.0.1 50002 typ host",
+        "a=candidate:2 1 udp 2122260223 abc.local 50003 typ host", "a=end-of-candidates", "",
+    ])
+    t = sdp.parse_trickle(frag)
+    assert [(c.ip, c.port, c.sdpMid) for c in t.candidates] == [("127.0.0.1", 50002, "0")]
+    assert t.end_of_candidates and t.mdns_dropped == 1
+    sdp.check_no_restart(t, "abcd", "0123456789012345678901")
+    with pytest.raises(Unprocessable):
+        sdp.check_no_restart(t, "other", "0123456789012345678901")
+    with pytest.raises(BadInput):
+        sdp.parse_trickle("a=candidate:garbage")
+    with pytest.raises(BadInput):
+        sdp.parse_trickle("hello")
