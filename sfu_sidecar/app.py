@@ -41,7 +41,10 @@ SERVICES_KEY = web.AppKey("services", Services)
 
 def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     """Every component in start order. Later components may depend on earlier ones."""
-    components: list[Component] = []
+    from sfu_sidecar.captions.service import CaptionService
+
+    captions = CaptionService(settings, metrics)
+    components: list[Component] = [captions]
     return components
 
 
