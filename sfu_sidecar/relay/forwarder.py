@@ -26,7 +26,8 @@ from sfu_sidecar.relay.hooks import (
 from sfu_sidecar.relay.packet import (
     RtpExtensions,
     RtpPacket,
-    build_rtp,
+    build_extensions,
+    build_rtp_with_block,
     is_keyframe_start,
     seq_newer,
     wrap_rtx,
@@ -103,6 +104,7 @@ class ViewerOutput:
         self.sender_report_rewriter: SenderReportRewriter | None = None
         self._xlate_epoch = -1
         self._xlate: dict[int, int] = {}
+        self._ext_signature: object = None
         ids = config.extension_ids
         self._abs_send_id = ids.get(ABS_SEND_TIME)
         mid_id = ids.get(SDES_MID)
@@ -122,17 +124,30 @@ class ViewerOutput:
     def viewer_timestamp(self, track_timestamp: int) -> int:
         return (track_timestamp + self.ts_offset) & 0xFFFFFFFF
 
-    def _extensions(
-        self, pkt: CachedPacket, uris: Mapping[int, str], now_ns: int
-    ) -> RtpExtensions:
+    def _refresh(self, pkt: CachedPacket, uris: Mapping[int, str]) -> None:
+        ids = self.config.extension_ids
+        self._xlate = {
+            pid: ids[uri]
+            for pid, uri in uris.items()
+            if uri not in (SDES_MID, ABS_SEND_TIME) and uri in ids
+        }
+        self._xlate_epoch = pkt.epoch
+        # Viewers that negotiated the same ids and mid get byte-identical extension blocks:
+        # the signature lets one packet's fan-out build each distinct block once.
+        self._ext_signature = (
+            tuple(sorted(self._xlate.items())), self._mid_ext, self._abs_send_id
+        )
+
+    def _extension_block(
+        self, pkt: CachedPacket, uris: Mapping[int, str], now_ns: int,
+        blocks: dict[object, bytes] | None,
+    ) -> bytes:
         if self._xlate_epoch != pkt.epoch:
-            ids = self.config.extension_ids
-            self._xlate = {
-                pid: ids[uri]
-                for pid, uri in uris.items()
-                if uri not in (SDES_MID, ABS_SEND_TIME) and uri in ids
-            }
-            self._xlate_epoch = pkt.epoch
+            self._refresh(pkt, uris)
+        if blocks is not None:
+            cached = blocks.get(self._ext_signature)
+            if cached is not None:
+                return cached
         xlate = self._xlate
         out = [(xlate[i], v) for i, v in pkt.extensions if i in xlate]
         if self._mid_ext is not None:
@@ -142,18 +157,25 @@ class ViewerOutput:
             # viewer's bandwidth estimator must see the relay's send times, not the publisher's.
             value = (now_ns * (1 << 18) // 1_000_000_000) & 0xFFFFFF
             out.append((self._abs_send_id, value.to_bytes(3, "big")))
-        return tuple(out)
+        block = build_extensions(tuple(out))
+        if blocks is not None:
+            blocks[self._ext_signature] = block
+        return block
 
-    def render(self, pkt: CachedPacket, uris: Mapping[int, str], now_ns: int) -> bytes:
+    def render(
+        self, pkt: CachedPacket, uris: Mapping[int, str], now_ns: int,
+        blocks: dict[object, bytes] | None = None,
+    ) -> bytes:
+        """This viewer's copy of ``pkt``; ``blocks`` caches extension blocks across viewers."""
         cfg = self.config
-        return build_rtp(
+        return build_rtp_with_block(
             cfg.payload_type,
             (pkt.seq + self.seq_offset) & 0xFFFF,
             (pkt.timestamp + self.ts_offset) & 0xFFFFFFFF,
             cfg.ssrc,
             pkt.marker,
             pkt.payload,
-            self._extensions(pkt, uris, now_ns),
+            self._extension_block(pkt, uris, now_ns, blocks),
             pkt.csrcs,
         )
 
@@ -162,14 +184,14 @@ class ViewerOutput:
         assert cfg.rtx_payload_type is not None and cfg.rtx_ssrc is not None
         seq = self.rtx_seq
         self.rtx_seq = (seq + 1) & 0xFFFF
-        return build_rtp(
+        return build_rtp_with_block(
             cfg.rtx_payload_type,
             seq,
             (pkt.timestamp + self.ts_offset) & 0xFFFFFFFF,
             cfg.rtx_ssrc,
             pkt.marker,
             wrap_rtx((pkt.seq + self.seq_offset) & 0xFFFF, pkt.payload),
-            self._extensions(pkt, uris, now_ns),
+            self._extension_block(pkt, uris, now_ns, None),
             pkt.csrcs,
         )
 
@@ -259,13 +281,14 @@ class TrackForwarder:
             self._last_arrival_ns = arrival_ns
         uris = self._uris[self._epoch]
         info: PacketInfo | None = None
+        blocks: dict[object, bytes] = {}
         out: list[tuple[ViewerOutput, bytes]] = []
         for output in self.outputs:
             if not output.started:
                 if self.kind == "video" and not keyframe:
                     continue  # nothing before a keyframe is decodable for a new viewer
                 output._start(seq, ts)
-            out.append((output, output.render(entry, uris, now_ns)))
+            out.append((output, output.render(entry, uris, now_ns, blocks)))
             output.packets_sent += 1
             output.octets_sent += len(entry.payload)
             if output.observers:

@@ -157,7 +157,23 @@ def build_rtp(
     extensions: RtpExtensions = (),
     csrcs: tuple[int, ...] = (),
 ) -> bytes:
-    ext = build_extensions(extensions)
+    return build_rtp_with_block(
+        payload_type, sequence_number, timestamp, ssrc, marker, payload,
+        build_extensions(extensions), csrcs,
+    )
+
+
+def build_rtp_with_block(
+    payload_type: int,
+    sequence_number: int,
+    timestamp: int,
+    ssrc: int,
+    marker: bool,
+    payload: bytes,
+    ext: bytes,
+    csrcs: tuple[int, ...] = (),
+) -> bytes:
+    """Like :func:`build_rtp` with the extension block already serialised."""
     b0 = 0x80 | (0x10 if ext else 0) | len(csrcs)
     head = RTP_HEADER.pack(
         b0, (0x80 if marker else 0) | payload_type, sequence_number, timestamp, ssrc

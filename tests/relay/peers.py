@@ -20,6 +20,7 @@ from aiortc import (
     MediaStreamTrack,
     RTCConfiguration,
     RTCPeerConnection,
+    RTCRtpSender,
     RTCSessionDescription,
 )
 from aiortc.rtcconfiguration import RTCBundlePolicy
@@ -118,7 +119,11 @@ def _record_sent(peer: Peer) -> None:
 
         async def send_rtp(data: bytes, _orig: Any = original) -> None:
             if not 192 <= data[1] <= 223:
-                peer.sent.append(RtpPacket.parse(data))
+                pkt = RtpPacket.parse(data)
+                if peer.drop is not None and peer.drop(pkt):
+                    peer.dropped.append(pkt)
+                    return  # lost on the way to the relay
+                peer.sent.append(pkt)
             await _orig(data)
 
         dtls._send_rtp = send_rtp  # type: ignore[method-assign]
@@ -166,6 +171,8 @@ async def publish(
     token: str | None = None,
     video: MediaStreamTrack | None = None,
     audio: MediaStreamTrack | None = None,
+    video_codec: str | None = None,
+    drop: Callable[[RtpPacket], bool] | None = None,
 ) -> Peer:
     pc = client_pc()
     tracks: dict[str, MediaStreamTrack] = {}
@@ -173,12 +180,17 @@ async def publish(
         pc.addTransceiver(audio, direction="sendonly")
         tracks["audio"] = audio
     if video is not None:
-        pc.addTransceiver(video, direction="sendonly")
+        transceiver = pc.addTransceiver(video, direction="sendonly")
+        if video_codec is not None:
+            caps = RTCRtpSender.getCapabilities("video").codecs
+            transceiver.setCodecPreferences(
+                [c for c in caps if c.mimeType.lower() in (f"video/{video_codec}", "video/rtx")]
+            )
         tracks["video"] = video
     aiortc_adapter.install_ice(pc, LOOPBACK, None)
     await pc.setLocalDescription(await pc.createOffer())
     location, answer = await _post(http, f"{base}/whip/{stream}", pc.localDescription.sdp, token)
-    peer = Peer(pc, location, answer, tracks=tracks)
+    peer = Peer(pc, location, answer, tracks=tracks, drop=drop)
     _record_sent(peer)
     await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
     return peer

@@ -72,6 +72,7 @@ def test_each_viewer_gets_its_own_ssrc_pt_offsets_and_extension_ids() -> None:
     assert pa.payload == pb.payload == KEY
     exts = dict(pa.extensions)
     assert exts[4] == b"a"  # the viewer's own mid, not the publisher's "v"
+    assert dict(pb.extensions)[4] == b"b"
     assert exts[7] == b"12345678"  # abs-capture-time passed through under the viewer's id
     assert 9 not in exts and 5 not in exts and 1 not in exts
     # abs-send-time is the relay's send time (6.18 fixed point), not the publisher's value.

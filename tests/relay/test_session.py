@@ -6,11 +6,23 @@ import asyncio
 import itertools
 from collections.abc import Callable
 
-from sfu_sidecar.relay import PacketInfo, RelayObserver, SenderReport, rtcp, sdp
+from aiortc import RTCRtpReceiver
+
+from sfu_sidecar.relay import PacketInfo, RelayObserver, SenderReport, aiortc_adapter, rtcp, sdp
 from sfu_sidecar.relay.packet import RtpPacket, is_keyframe_start, seq_newer
 from sfu_sidecar.relay.session import ViewerSession
 from tests.relay.conftest import Relay
-from tests.relay.peers import PatternVideo, Peer, ToneAudio, frames, publish, view, wait_for
+from tests.relay.peers import (
+    LOOPBACK,
+    PatternVideo,
+    Peer,
+    ToneAudio,
+    client_pc,
+    frames,
+    publish,
+    view,
+    wait_for,
+)
 
 
 def _media(packets: list[RtpPacket], pt: int) -> list[RtpPacket]:
@@ -52,6 +64,74 @@ async def test_viewers_decode_and_receive_the_publishers_exact_payloads(relay: R
     finally:
         for v in viewers:
             await v.close()
+        await pub.close()
+
+
+async def test_h264_is_forwarded_as_h264_and_other_codecs_are_refused(relay: Relay) -> None:
+    pub = await publish(relay.http, relay.base, "avc", video=PatternVideo(), video_codec="h264")
+    v = await view(relay.http, relay.base, "avc", kinds=("video",))
+    try:
+        got = await frames(v.tracks["video"], 10, limit_s=10)
+        assert got[-1].width == 320
+        assert sdp.parse(v.answer, what="answer").media[0].primary.name == "h264"
+        sent = {p.payload for p in _media(pub.sent, _pt(pub, "video"))}
+        received = _media(v.received, _pt(v, "video"))
+        assert received and all(p.payload in sent for p in received)
+        # A viewer that only takes VP8 cannot watch an H.264 stream: no transcoding, 406.
+        vp8_only = client_pc()
+        transceiver = vp8_only.addTransceiver("video", direction="recvonly")
+        caps = RTCRtpReceiver.getCapabilities("video")
+        assert caps is not None
+        transceiver.setCodecPreferences(
+            [c for c in caps.codecs if c.mimeType.lower() in ("video/vp8", "video/rtx")]
+        )
+        aiortc_adapter.install_ice(vp8_only, LOOPBACK, None)
+        await vp8_only.setLocalDescription(await vp8_only.createOffer())
+        async with relay.http.post(
+            relay.base + "/whep/avc", data=vp8_only.localDescription.sdp,
+            headers={"Content-Type": "application/sdp"},
+        ) as resp:
+            assert resp.status == 406
+            assert "h264" in (await resp.json())["error"]
+        await vp8_only.close()
+    finally:
+        await v.close()
+        await pub.close()
+
+
+async def test_publisher_loss_is_nacked_upstream_and_rtx_unwrapped(relay: Relay) -> None:
+    dropped: set[int] = set()
+    count = {"n": 0}
+
+    def drop(pkt: RtpPacket) -> bool:
+        # Lose every 9th first transmission of a video packet between publisher and relay.
+        if pkt.payload_type != 97 or pkt.sequence_number in dropped:
+            return False
+        count["n"] += 1
+        if count["n"] > 30 and count["n"] % 9 == 0 and len(dropped) < 6:
+            dropped.add(pkt.sequence_number)
+            return True
+        return False
+
+    pub = await publish(relay.http, relay.base, "up", video=PatternVideo(), drop=drop)
+    v = await view(relay.http, relay.base, "up", kinds=("video",))
+    try:
+        assert _pt(pub, "video") == 97
+        await frames(v.tracks["video"], 45, limit_s=15)
+        await wait_for(lambda: len(dropped) == 6, 10, "six upstream losses")
+        track = relay.service.rooms.get("up").publisher.tracks[0]  # type: ignore[union-attr]
+        await wait_for(lambda: track.rtx_packets >= 6, 5, "RTX repairs from the publisher")
+        assert track.nack is not None and track.nack.nacked >= 6
+        # Every lost packet reached the viewer, as a plain packet with its original payload.
+        sent = {p.sequence_number: p.payload for p in pub.dropped}
+        got = {p.payload for p in _media(v.received, _pt(v, "video"))}
+        assert set(sent.values()) <= got
+        # The publisher saw our receiver reports (its stats carry remote-inbound data).
+        stats = await pub.pc.getSenders()[0].getStats()
+        remote = [s for s in stats.values() if s.type == "remote-inbound-rtp"]
+        assert remote and remote[0].packetsReceived > 0
+    finally:
+        await v.close()
         await pub.close()
 
 
