@@ -153,9 +153,9 @@ async def test_a_broken_viewer_does_not_hold_up_the_others(relay: Relay) -> None
 
         bad_output.transmit = fail
         before = len(good.received)
-        await frames(good.tracks["video"], 30, limit_s=10)
-        assert len(good.received) > before + 30
-        assert bad_output.send_errors > 30
+        await wait_for(lambda: len(good.received) >= before + 30, 10, "the good viewer's media")
+        assert bad_output.send_errors >= 20
+        await frames(good.tracks["video"], 20, limit_s=10)
     finally:
         await good.close()
         await bad.close()
