@@ -150,6 +150,11 @@ class _RelayCollector(Collector):
         publishers = GaugeMetricFamily(
             f"{NAMESPACE}_relay_publishers", "live publisher sessions"
         )
+        bad = CounterMetricFamily(
+            f"{NAMESPACE}_relay_bad_packets",
+            "publisher packets dropped: unparsable RTP/RTCP or unknown payload type",
+            labels=["stream", "reason"],
+        )
         sessions = CounterMetricFamily(
             f"{NAMESPACE}_relay_sessions", "sessions accepted", labels=["role"]
         )
@@ -157,6 +162,11 @@ class _RelayCollector(Collector):
         for stream in list(s.rooms.streams.values()):
             live += stream.publisher is not None
             viewers.add_metric([stream.name], len(stream.viewers))
+            if stream.publisher is not None:
+                c = stream.publisher.counters
+                bad.add_metric([stream.name, "rtp"], c.parse_errors)
+                bad.add_metric([stream.name, "rtcp"], c.rtcp_errors)
+                bad.add_metric([stream.name, "payload_type"], c.unknown_payload)
             for kind, fw in stream.tracks.items():
                 packets_in.add_metric([stream.name, kind], fw.packets_in)
                 packets_out.add_metric(
@@ -167,4 +177,4 @@ class _RelayCollector(Collector):
         publishers.add_metric([], live)
         sessions.add_metric(["publisher"], s._accepted["publishers"])
         sessions.add_metric(["viewer"], s._accepted["viewers"])
-        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, sessions)
+        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, sessions)

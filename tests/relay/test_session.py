@@ -162,6 +162,22 @@ async def test_a_broken_viewer_does_not_hold_up_the_others(relay: Relay) -> None
         await pub.close()
 
 
+async def test_viewer_may_arrive_before_the_publisher(relay: Relay) -> None:
+    v = await view(relay.http, relay.base, "early")
+    try:
+        await wait_for(lambda: v.pc.connectionState == "connected", 10, "viewer connected")
+        assert relay.service.rooms.get("early").publisher is None
+        pub = await publish(relay.http, relay.base, "early", video=PatternVideo(),
+                            audio=ToneAudio())
+        try:
+            await frames(v.tracks["video"], 10, limit_s=10)
+            await frames(v.tracks["audio"], 10, limit_s=10)
+        finally:
+            await pub.close()
+    finally:
+        await v.close()
+
+
 async def test_late_viewer_gets_a_keyframe_on_request(relay: Relay) -> None:
     pub = await publish(relay.http, relay.base, "late", video=PatternVideo())
     early = await view(relay.http, relay.base, "late", kinds=("video",))

@@ -224,9 +224,20 @@ async def test_status_api_and_metrics_describe_streams(relay: Relay) -> None:
         assert viewer["state"] == "connected"
         assert viewer["tracks"][0]["packets_sent"] > 0
         assert {"nacks_received", "retransmitted", "plis_forwarded"} <= set(viewer["tracks"][0])
+        # Garbage that got past SRTP (a buggy peer) is counted, never raised.
+        session = relay.service.rooms.get("st").publisher
+        assert session is not None
+        session._on_rtp(b"\x00garbage", 0)
+        session._on_rtp(bytes.fromhex("80ff00010000000000000001") + b"x", 0)
+        session._on_rtcp(b"\x80\xc8\x00\x09")
+        viewer_session = next(iter(relay.service.rooms.get("st").viewers.values()))
+        viewer_session._on_rtcp(b"\x80\xcd\x00\x01\x00")
+        assert (session.counters.parse_errors, session.counters.unknown_payload) == (1, 1)
+        assert session.counters.rtcp_errors == 1 and viewer_session.counters.rtcp_errors == 1
         text = relay.service.metrics.render().decode()
         assert 'sfu_sidecar_relay_packets_received_total{kind="video",stream="st"}' in text
         assert 'sfu_sidecar_relay_viewers{stream="st"} 1.0' in text
+        assert 'sfu_sidecar_relay_bad_packets_total{reason="rtp",stream="st"} 1.0' in text
     finally:
         await v.close()
         await pub.close()
