@@ -161,10 +161,11 @@ class PublisherSession:
         sdpmod.check_offer(offer, publishing=True)
         self.ice_ufrag, self.ice_pwd = offer.ice_ufrag, offer.ice_pwd
         text, dropped = sdpmod.strip_mdns_candidates(offer_text)
-        chosen: dict[str, sdpmod.CodecInfo] = {}
         for m in offer.media:
-            codec = next(c for c in m.codecs if c.forwardable)
-            chosen[m.kind] = codec
+            usable = [c for c in m.codecs if c.forwardable]
+            # Keep the codec the stream already has (viewers negotiated it) when offered.
+            current = self.stream.codecs.get(m.kind)
+            codec = next((c for c in usable if current and c.name == current.name), usable[0])
             transceiver = self.pc.addTransceiver(m.kind, direction="recvonly")
             transceiver.setCodecPreferences(codec_capabilities(m.kind, codec))
         try:
@@ -255,7 +256,8 @@ class PublisherSession:
             if track.nack is not None:
                 track.nack.add(osn, arrival_ns)
         else:
-            if track.media_ssrc != pkt.ssrc and track.forwarder.source_ssrc is None:
+            if track.media_ssrc != pkt.ssrc and not track.stats.started:
+                # The first media packet decides (offers need not signal SSRCs, RFC 8843).
                 track.media_ssrc = pkt.ssrc
             track.stats.add(pkt.sequence_number, pkt.timestamp, arrival_ns)
             if track.nack is not None:
