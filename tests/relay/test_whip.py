@@ -7,6 +7,7 @@ import asyncio
 from aiortc import RTCSessionDescription
 
 from sfu_sidecar.relay import aiortc_adapter
+from tests.conftest import free_port
 from tests.relay.conftest import Relay
 from tests.relay.peers import (
     LOOPBACK,
@@ -66,6 +67,35 @@ async def test_publish_answers_201_with_location_etag_and_ice_server_links(relay
         assert resp.status == 200
     async with relay.http.delete(relay.base + location) as resp:
         assert resp.status == 404
+
+
+async def test_ice_port_range_and_turn_secrets_follow_settings(relay_factory) -> None:
+    low = free_port(kind=2)  # SOCK_DGRAM
+    relay: Relay = await relay_factory(
+        ice_port_range=f"{low}-{low + 5}", publish_token="pub",
+        ice_servers="turn:user:secret@127.0.0.1:3478",
+    )
+    headers = {**SDP, "Authorization": "Bearer pub"}
+    status, _, resp_headers = await _post(relay, "/whip/p", await _offer(), headers)
+    assert status == 201
+    async with relay.http.delete(relay.base + resp_headers["Location"],
+                                 headers={"Authorization": "Bearer pub"}) as resp:
+        assert resp.status == 200
+    async with relay.http.post(relay.base + "/whip/p", data=await _offer(),
+                               headers=headers) as resp:
+        answer = await resp.text()
+    ports = [int(line.split()[5]) for line in answer.splitlines()
+             if line.startswith("a=candidate:")]
+    assert ports and all(low <= p <= low + 5 for p in ports)
+    # TURN credentials only go to callers holding the token.
+    async with relay.http.options(relay.base + "/whip/p") as resp:
+        assert resp.status == 204 and "Link" not in resp.headers
+    async with relay.http.options(relay.base + "/whip/p",
+                                  headers={"Authorization": "Bearer pub"}) as resp:
+        assert 'credential="secret"' in resp.headers["Link"]
+    async with relay.http.options(relay.base + "/whip/p",
+                                  headers={"Authorization": "Bearer bad"}) as resp:
+        assert resp.status == 401
 
 
 async def test_tokens_are_required_when_configured(relay_factory) -> None:
