@@ -129,6 +129,17 @@ def _record_sent(peer: Peer) -> None:
         dtls._send_rtp = send_rtp  # type: ignore[method-assign]
 
 
+def _record_rtcp(peer: Peer) -> None:
+    for dtls in aiortc_adapter.dtls_transports(peer.pc):
+        original_rtcp = dtls._handle_rtcp_data
+
+        async def handle_rtcp(data: bytes, _orig: Any = original_rtcp) -> None:
+            peer.rtcp_received.append(data)
+            await _orig(data)
+
+        dtls._handle_rtcp_data = handle_rtcp  # type: ignore[method-assign]
+
+
 def _record_received(peer: Peer) -> None:
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
         original = dtls._handle_rtp_data
@@ -142,13 +153,7 @@ def _record_received(peer: Peer) -> None:
             await _orig(data, arrival_time_ms)
 
         dtls._handle_rtp_data = handle  # type: ignore[method-assign]
-        original_rtcp = dtls._handle_rtcp_data
-
-        async def handle_rtcp(data: bytes, _orig: Any = original_rtcp) -> None:
-            peer.rtcp_received.append(data)
-            await _orig(data)
-
-        dtls._handle_rtcp_data = handle_rtcp  # type: ignore[method-assign]
+    _record_rtcp(peer)
 
 
 async def _post(
@@ -192,6 +197,7 @@ async def publish(
     location, answer = await _post(http, f"{base}/whip/{stream}", pc.localDescription.sdp, token)
     peer = Peer(pc, location, answer, tracks=tracks, drop=drop)
     _record_sent(peer)
+    _record_rtcp(peer)
     await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
     return peer
 

@@ -126,6 +126,16 @@ async def test_publisher_loss_is_nacked_upstream_and_rtx_unwrapped(relay: Relay)
         sent = {p.sequence_number: p.payload for p in pub.dropped}
         got = {p.payload for p in _media(v.received, _pt(v, "video"))}
         assert set(sent.values()) <= got
+        # Feedback a normal receiver gives: NACKs, receiver reports, REMB.
+        feedback = [m for d in pub.rtcp_received for m in rtcp.parse_compound(d)]
+        video_ssrc = pub.sent[0].ssrc if pub.sent else 0
+        assert any(isinstance(m, rtcp.Nack) and m.media_ssrc == video_ssrc for m in feedback)
+        assert any(isinstance(m, rtcp.ReceiverReportPacket) for m in feedback)
+        await wait_for(
+            lambda: any(isinstance(m, rtcp.Remb)
+                        for d in pub.rtcp_received for m in rtcp.parse_compound(d)),
+            5, "REMB from the relay",
+        )
         # The publisher saw our receiver reports (its stats carry remote-inbound data).
         stats = await pub.pc.getSenders()[0].getStats()
         remote = [s for s in stats.values() if s.type == "remote-inbound-rtp"]
