@@ -195,14 +195,13 @@ async def test_late_viewer_gets_a_keyframe_on_request(relay: Relay) -> None:
         await frames(early.tracks["video"], 30, limit_s=10)  # past the first keyframe
         stream = relay.service.rooms.get("late")
         requests_before = stream.tracks["video"].keyframe_requests_sent
+        keyframes_before = stream.tracks["video"].keyframes_in
         late = await view(relay.http, relay.base, "late", kinds=("video",))
         await wait_for(lambda: "video" in late.tracks, 5, "late viewer track")
-        joined = asyncio.get_running_loop().time()
         await frames(late.tracks["video"], 1, limit_s=10)
-        waited = asyncio.get_running_loop().time() - joined
-        # aiortc's encoder makes a keyframe only every 3000 frames (100 s) unless asked: a
-        # decoded frame within seconds proves the join triggered a keyframe request.
-        assert waited < 5, waited
+        # aiortc's encoder makes a keyframe only every 3000 frames (100 s) unless asked: the
+        # late viewer decoding at all proves its join triggered a keyframe request upstream.
+        assert stream.tracks["video"].keyframes_in > keyframes_before
         assert stream.tracks["video"].keyframe_requests_sent > requests_before
         first = _media(late.received, _pt(late, "video"))[0]
         assert is_keyframe_start("vp8", first.payload)
