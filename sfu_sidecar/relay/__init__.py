@@ -1,4 +1,23 @@
-"""Packet-level WebRTC relay: WHIP ingest, WHEP egress, RTP forwarded without transcoding."""
+"""Packet-level WebRTC relay: WHIP ingest, WHEP egress, RTP forwarded without transcoding.
+
+Modules, pure cores first:
+
+* ``packet``  RTP wire view (raw header extensions), RTX, VP8/H.264 keyframe detection
+* ``rtcp``    the RTCP the relay reads and writes (SR with both clock halves, RR, NACK, PLI...)
+* ``forwarder`` per-track fan-out: per-viewer rewrite, NACK cache, keyframe throttle
+* ``upstream`` receiver statistics and NACK decisions towards the publisher
+* ``sdp``     offer checks, negotiated-media summaries, trickle fragments
+* ``hooks``   what other features observe and replace (packets, sender reports, channels)
+* ``aiortc_adapter`` the only module touching aiortc/aioice internals (checked at start-up)
+* ``session`` aiortc glue for one publisher or viewer; ``rooms`` streams; ``whip`` HTTP
+* ``service`` :class:`RelayService`, the application component
+
+Wiring (``app.build_components``)::
+
+    relay = RelayService(settings, metrics, now_ns=house_clock.now_ns)
+    components.append(relay)
+    relay.add_observer(sync_feature)        # a hooks.RelayObserver
+"""
 
 from __future__ import annotations
 

@@ -22,9 +22,6 @@ class Relay:
     http: aiohttp.ClientSession
 
 
-RelayFactory = Callable[..., "object"]
-
-
 @pytest.fixture
 async def relay_factory() -> AsyncIterator[Callable[..., object]]:
     servers: list[TestServer] = []

@@ -219,6 +219,12 @@ async def test_trickle_patch_adds_candidates_and_refuses_ice_restart(relay: Rela
                         *candidates, mdns, "a=end-of-candidates", ""])
     async with relay.http.patch(relay.base + location, data=frag, headers=frag_headers) as resp:
         assert resp.status == 204
+    session = relay.service.rooms.get("t").publisher
+    assert session is not None
+    ice = session.pc.getTransceivers()[0].receiver.transport.transport
+    remote = {(c.ip, c.port) for c in ice.getRemoteCandidates()}
+    assert {(c.split()[4], int(c.split()[5])) for c in candidates} <= remote
+    assert not any(ip.endswith(".local") for ip, _ in remote)
     async with relay.http.patch(relay.base + location, data=frag,
                                 headers={"Content-Type": "application/sdp"}) as resp:
         assert resp.status == 415
