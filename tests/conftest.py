@@ -123,3 +123,16 @@ def browser() -> Iterator[object]:
                 yield b
             finally:
                 b.close()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run tests that use the session ``browser`` last.
+
+    Playwright's sync API leaves its event loop marked as running in the main thread for as long
+    as the session browser lives, so any asyncio test scheduled after the first browser test
+    fails with "cannot be called from a running event loop". Order within each group is kept.
+    """
+    uses = [item for item in items if "browser" in getattr(item, "fixturenames", ())]
+    if uses:
+        rest = [item for item in items if "browser" not in getattr(item, "fixturenames", ())]
+        items[:] = rest + uses
