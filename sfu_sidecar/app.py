@@ -42,10 +42,14 @@ SERVICES_KEY = web.AppKey("services", Services)
 def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     """Every component in start order. Later components may depend on earlier ones."""
     from sfu_sidecar.captions.service import CaptionService
+    from sfu_sidecar.relay import RelayService
+    from sfu_sidecar.sync.channel import SyncService
 
-    captions = CaptionService(settings, metrics)
-    components: list[Component] = [captions]
-    return components
+    now_ns = time.time_ns
+    captions = CaptionService(settings, metrics, now_ns)
+    relay = RelayService(settings, metrics, now_ns=now_ns)
+    sync = SyncService(relay, metrics, now_ns=now_ns, captions=captions)
+    return [captions, relay, sync]
 
 
 async def _healthz(request: web.Request) -> web.Response:

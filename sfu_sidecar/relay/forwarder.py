@@ -255,9 +255,14 @@ class TrackForwarder:
         self._awaiting_source = False
 
     def push(
-        self, pkt: RtpPacket, arrival_ns: int, now_ns: int
+        self, pkt: RtpPacket, arrival_ns: int, now_ns: int,
+        on_packet: Callable[[PacketInfo], None] | None = None,
     ) -> list[tuple[ViewerOutput, bytes]]:
-        """Cache one publisher packet and return what each started viewer must be sent."""
+        """Cache one publisher packet and return what each started viewer must be sent.
+
+        ``on_packet`` sees the packet once, before any viewer's observers do (publisher-level
+        state such as the capture-time mapping is then current for all of them).
+        """
         if pkt.ssrc != self._source_ssrc:
             if not self._awaiting_source:
                 self.foreign_packets += 1
@@ -281,6 +286,9 @@ class TrackForwarder:
             self._last_arrival_ns = arrival_ns
         uris = self._uris[self._epoch]
         info: PacketInfo | None = None
+        if on_packet is not None:
+            info = self._info(pkt, keyframe, arrival_ns, uris)
+            on_packet(info)
         blocks: dict[object, bytes] = {}
         out: list[tuple[ViewerOutput, bytes]] = []
         for output in self.outputs:
@@ -293,11 +301,7 @@ class TrackForwarder:
             output.octets_sent += len(entry.payload)
             if output.observers:
                 if info is None:
-                    info = PacketInfo(
-                        self.kind, pkt.ssrc, pkt.sequence_number, pkt.timestamp, pkt.marker,
-                        keyframe, arrival_ns, self.clock_rate,
-                        {uris[i]: v for i, v in pkt.extensions if i in uris},
-                    )
+                    info = self._info(pkt, keyframe, arrival_ns, uris)
                 viewer_ts = (ts + output.ts_offset) & 0xFFFFFFFF
                 for observer in output.observers:
                     try:
@@ -306,6 +310,15 @@ class TrackForwarder:
                         output.observer_errors += 1
                         output.last_observer_error = exc
         return out
+
+    def _info(
+        self, pkt: RtpPacket, keyframe: bool, arrival_ns: int, uris: Mapping[int, str]
+    ) -> PacketInfo:
+        return PacketInfo(
+            self.kind, pkt.ssrc, pkt.sequence_number, pkt.timestamp, pkt.marker,
+            keyframe, arrival_ns, self.clock_rate,
+            {uris[i]: v for i, v in pkt.extensions if i in uris},
+        )
 
     # --- viewer feedback ------------------------------------------------------------------
 

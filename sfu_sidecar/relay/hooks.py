@@ -84,6 +84,10 @@ class RelayObserver:
     def publisher_sender_report(self, stream: str, kind: str, report: SenderReport) -> None:
         """An RTCP SR from the publisher of ``stream`` for its ``kind`` track."""
 
+    def publisher_packet(self, stream: str, publisher_id: str, packet: PacketInfo) -> None:
+        """One RTP packet of ``stream``'s publisher (RTX unwrapped), before any viewer's
+        observers see it. Called only for observers that override it."""
+
     def viewer_connected(self, viewer: ViewerSession) -> None:
         """The viewer's transport is up; its tracks start receiving at the next packet."""
 

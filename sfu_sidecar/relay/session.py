@@ -35,7 +35,7 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutput
-from sfu_sidecar.relay.hooks import ABS_SEND_TIME, RelayObserver, SenderReport
+from sfu_sidecar.relay.hooks import ABS_SEND_TIME, PacketInfo, RelayObserver, SenderReport
 from sfu_sidecar.relay.packet import RtpPacket, RtpParseError, unwrap_rtx
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 
@@ -123,6 +123,7 @@ class SessionCounters:
     unknown_payload: int = 0
     send_errors: int = 0
     rtcp_errors: int = 0
+    observer_errors: int = 0
     latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
 
 
@@ -155,6 +156,11 @@ class PublisherSession:
         self._last_packet_mono = time.monotonic()
         self._tick_task: asyncio.Task[None] | None = None
         self._remb: Any = None
+        # Only observers that override publisher_packet cost anything per packet.
+        self._packet_observers = [
+            o for o in observers
+            if type(o).publisher_packet is not RelayObserver.publisher_packet
+        ]
 
     async def negotiate(self, offer_text: str) -> str:
         offer = sdpmod.parse(offer_text, what="offer")
@@ -272,7 +278,8 @@ class PublisherSession:
                     track.bitrate_bps = track._window_octets * 8e9 / span
                 track._window_start_ns = arrival_ns
                 track._window_octets = 0
-        for output, out in track.forwarder.push(pkt, arrival_ns, arrival_ns):
+        on_packet = self._publisher_packet if self._packet_observers else None
+        for output, out in track.forwarder.push(pkt, arrival_ns, arrival_ns, on_packet):
             transmit = output.transmit
             if transmit is None:
                 continue
@@ -282,6 +289,13 @@ class PublisherSession:
                 self.counters.send_errors += 1
                 output.send_errors += 1
         self.counters.latency_ns.append(time.perf_counter_ns() - started)
+
+    def _publisher_packet(self, info: PacketInfo) -> None:
+        for observer in self._packet_observers:
+            try:
+                observer.publisher_packet(self.stream.name, self.id, info)
+            except Exception:  # a broken observer must not stop forwarding
+                self.counters.observer_errors += 1
 
     def _feed_remb(self, track: PublisherTrack, pkt: RtpPacket, arrival_ms: int) -> None:
         ext_id = track.extensions.get(ABS_SEND_TIME)
