@@ -44,7 +44,7 @@ function onFrame(now, meta) {
   ui.showCaptions(book.activeAt(streamS));
   const anchor = track === null ? undefined : sync.current.get(track);
   ui.showFrameInfo({
-    streamS, source: anchor ? SOURCES[anchor.source] : null, mapped: stats.mapped,
+    streamS, source: anchor ? (typeof anchor.source === "number" ? SOURCES[anchor.source] : anchor.source) : null, mapped: stats.mapped,
     presented: stats.presented, lostBatches: sync.lostBatches,
   });
   const record = { rtpTimestamp: meta.rtpTimestamp, captureNs, streamS, mediaTime: meta.mediaTime };
