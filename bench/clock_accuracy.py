@@ -9,7 +9,8 @@ part. The master (``ptp4l -S``, Sync at 8 Hz) looks N ns ahead of the shared ker
 
 - product, house clock: ``offset_ns`` of the fused clock (house - host) at each PTP sample;
 - product, raw PTP: its per-Sync offsetFromMaster (before the servo);
-- ptp4l ``--free_running 1`` slave on the same veth, same run: its per-Sync "master offset".
+- ptp4l ``--free_running 1`` slave on the same veth, same run: its per-Sync master_offset,
+  read through ``pmc`` (TIME_STATUS_NP) at 20 Hz.
 
 Then a chronyd serves host + 250 ms, the house clock follows it, and a headless Chromium joins
 the clock ``--joins`` times; its error is |browser offset - /api/clock offset_ns| (both clocks
@@ -23,7 +24,6 @@ import asyncio
 import contextlib
 import fcntl
 import json
-import re
 import statistics
 import subprocess
 import sys
@@ -91,37 +91,100 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
+class PmcPoller:
+    """Reads ptp4l's per-Sync offset through its management socket: one interactive ``pmc``
+    asked for TIME_STATUS_NP at 20 Hz, deduplicated by ingress time (8 Hz Sync), so ptp4l gets
+    as many samples as the product rather than its once-a-second log line."""
+
+    def __init__(self, uds: Path) -> None:
+        import threading
+
+        self.samples: list[tuple[float, int]] = []  # (monotonic s, master_offset ns)
+        self.proc = subprocess.Popen(
+            ["pmc", "-u", "-b", "0", "-s", str(uds)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self._stop = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._writer = threading.Thread(target=self._write, daemon=True)
+        self._reader.start()
+        self._writer.start()
+
+    def _write(self) -> None:
+        assert self.proc.stdin is not None
+        while not self._stop.wait(0.05):
+            try:
+                self.proc.stdin.write("GET TIME_STATUS_NP\n")
+                self.proc.stdin.flush()
+            except (BrokenPipeError, ValueError):
+                return
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        offset = None
+        last_ingress = None
+        for line in self.proc.stdout:
+            parts = line.split()
+            if len(parts) == 2 and parts[0] == "master_offset":
+                offset = int(parts[1])
+            elif len(parts) == 2 and parts[0] == "ingress_time" and offset is not None:
+                ingress = int(parts[1])
+                if ingress != last_ingress and ingress != 0:
+                    last_ingress = ingress
+                    self.samples.append((time.monotonic(), offset))
+                offset = None
+
+    def close(self) -> None:
+        self._stop.set()
+        self._writer.join(2)
+        with contextlib.suppress(Exception):
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+        PtpNetStop(self.proc)
+        self._reader.join(2)
+
+
+def PtpNetStop(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+
+
 def run_ptp(seconds: float, offset_ns: int, work: Path) -> dict[str, list[float]]:
     from tests.interop.ptpnet import PtpNet
 
     net = PtpNet(work)
+    pmc = None
     try:
         net.start_master(offset_ns, log_sync_interval=-3)
         ref = net.start_free_running_slave()
+        time.sleep(0.5)
+        pmc = PmcPoller(work / f"refslave.{net.tag}.sock")
         out = subprocess.run(
             [*net.exec_prefix(net.ns_slave), sys.executable, __file__, "--probe",
              net.if_slave, str(seconds)],
             capture_output=True, text=True, timeout=seconds + 90, check=False,
             env={"PYTHONPATH": str(ROOT), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
         )
+        pmc.close()
         PtpNet.stop(ref)
         if out.returncode != 0:
             raise SystemExit(f"probe failed:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}")
     finally:
+        if pmc is not None:
+            pmc.close()
         net.close()
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
     start = next(r["start_mono"] for r in rows if "start_mono" in r)
     end = next(r["end_mono"] for r in rows if "end_mono" in r)
-    house = [abs(r["house"] - offset_ns) for r in rows if "house" in r]
-    raw = [abs(r["raw"] - offset_ns) for r in rows if "raw" in r]
+    house = [r["house"] - offset_ns for r in rows if "house" in r]
+    raw = [r["raw"] - offset_ns for r in rows if "raw" in r]
     unlocked = sum(1 for r in rows if "state" in r and r["state"] != "locked")
-    # ptp4l[1234.567]: master offset   -5000123 s2 freq ... ; offset = slave - master = -N.
-    ptp4l = []
-    line_re = re.compile(r"ptp4l\[(\d+\.\d+)\]: master offset\s+(-?\d+)")
-    for line in (work / "refslave.log").read_text().splitlines():
-        m = line_re.search(line)
-        if m and start <= float(m.group(1)) <= end:
-            ptp4l.append(abs(-int(m.group(2)) - offset_ns))
+    # ptp4l's master_offset = slave - master = -N when exact.
+    ptp4l = [-off - offset_ns for t, off in pmc.samples if start <= t <= end]
     if unlocked:
         print(f"warning: {unlocked} product samples taken while not locked", file=sys.stderr)
     return {"house": house, "raw": raw, "ptp4l": ptp4l}
@@ -157,7 +220,7 @@ def run_browser(joins: int, work: Path) -> list[float]:
                         }""",
                         app.base.replace("http", "ws") + "/api/clock/ws",
                     )
-                    errors.append(abs(int(r) - app.status()["offset_ns"]))
+                    errors.append(int(r) - app.status()["offset_ns"])
             finally:
                 browser.close()
     finally:
@@ -173,6 +236,7 @@ def main() -> int:
     parser.add_argument("--offset-ns", type=int, default=5_000_000)
     parser.add_argument("--joins", type=int, default=20)
     parser.add_argument("--settle", type=float, default=10.0, help="seconds after lock")
+    parser.add_argument("--no-browser", action="store_true", help="PTP part only")
     parser.add_argument("--probe", nargs=2, metavar=("IFACE", "SECONDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
@@ -185,7 +249,7 @@ def main() -> int:
         (work / "browser").mkdir()
         (work / "browser").chmod(0o777)
         ptp = run_ptp(args.seconds, args.offset_ns, work)
-        browser = run_browser(args.joins, work / "browser")
+        browser = [] if args.no_browser else run_browser(args.joins, work / "browser")
     rows: list[tuple[str, list[float], float]] = [
         ("product house clock |offset_ns - N|", ptp["house"], 1e3),
         ("product raw PTP measurement", ptp["raw"], 1e3),
@@ -194,16 +258,20 @@ def main() -> int:
     ]
     print(f"\nclock accuracy: {args.seconds:.0f} s at 8 Hz Sync, N = {args.offset_ns} ns, "
           f"master ptp4l -S on veth in namespaces")
-    print(f"| {'measure':<40} | {'n':>5} | {'median µs':>10} | {'p99 µs':>10} |")
-    print(f"|{'-' * 42}|{'-' * 7}|{'-' * 12}|{'-' * 12}|")
+    print(f"| {'measure':<40} | {'n':>5} | {'median |err| µs':>15} | {'p99 |err| µs':>12} "
+          f"| {'median err µs':>13} |")
+    print(f"|{'-' * 42}|{'-' * 7}|{'-' * 17}|{'-' * 14}|{'-' * 15}|")
     for name, values, unit in rows:
         if not values:
-            print(f"| {name:<40} | {0:>5} | {'-':>10} | {'-':>10} |")
+            print(f"| {name:<40} | {0:>5} | {'-':>15} | {'-':>12} | {'-':>13} |")
             continue
-        print(f"| {name:<40} | {len(values):>5} | {statistics.median(values) / unit:>10.2f} | "
-              f"{percentile(values, 0.99) / unit:>10.2f} |")
-    ratio = (statistics.median(ptp["house"]) / statistics.median(ptp["ptp4l"])
-             if ptp["house"] and ptp["ptp4l"] and statistics.median(ptp["ptp4l"]) else float("nan"))
+        mags = [abs(v) for v in values]
+        print(f"| {name:<40} | {len(values):>5} | {statistics.median(mags) / unit:>15.2f} | "
+              f"{percentile(mags, 0.99) / unit:>12.2f} | "
+              f"{statistics.median(values) / unit:>+13.2f} |")
+    house_med = statistics.median([abs(v) for v in ptp["house"]]) if ptp["house"] else 0.0
+    ptp4l_med = statistics.median([abs(v) for v in ptp["ptp4l"]]) if ptp["ptp4l"] else 0.0
+    ratio = house_med / ptp4l_med if ptp4l_med else float("nan")
     print(f"\nproduct house clock / ptp4l median ratio: {ratio:.2f}")
     return 0
 

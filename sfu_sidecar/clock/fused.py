@@ -91,6 +91,7 @@ class FusedClock:
         self.servo = PiServo(max_ppb=self.max_slew_ppm * 1000.0)
         self._l0 = 0
         self._h0 = 0
+        self._latest_local = 0
         self._freq_ppb = 0.0
         self._last_out: int | None = None
         self._last_servo_local: int | None = None
@@ -107,6 +108,7 @@ class FusedClock:
 
     def now(self, local_ns: int) -> int:
         """House time for a fresh local reading; never less than any value returned before."""
+        self._latest_local = max(self._latest_local, local_ns)
         value = self.peek(local_ns)
         if self._last_out is not None and value < self._last_out:
             value = self._last_out
@@ -118,8 +120,12 @@ class FusedClock:
         return self._freq_ppb
 
     def _set_freq(self, local_ns: int, freq_ppb: float) -> None:
-        self._h0 = self.peek(local_ns)
-        self._l0 = local_ns
+        # Re-anchor at the latest local reading seen, never at an older sample time: a new rate
+        # applied from a past anchor would move house time already handed out (an NTP sample
+        # can be seconds old when it is the least-delay one of its window).
+        anchor = max(local_ns, self._latest_local)
+        self._h0 = self.peek(anchor)
+        self._l0 = anchor
         self._freq_ppb = freq_ppb
 
     def _step(self, local_ns: int, house_ns: int) -> None:
@@ -135,6 +141,7 @@ class FusedClock:
         """A measurement: at local reading ``local_ns`` the source's time was
         ``local_ns + offset_ns``, known to within ``error_ns``."""
         st = self._states[source]
+        self._latest_local = max(self._latest_local, local_ns)
         st.last_mono_ns = mono_ns
         st.last_local_ns = local_ns
         st.offset_ns = offset_ns
@@ -145,6 +152,14 @@ class FusedClock:
         if self.state == LOCKED and self.source == source:
             self._track(local_ns, offset_ns)
         return changes
+
+    def heard(self, source: str, mono_ns: int, local_ns: int) -> list[Change]:
+        """The source answered but brought no sample to use (NTP: the window's least-delay
+        sample is one already used); it is alive all the same."""
+        st = self._states[source]
+        st.last_mono_ns = mono_ns
+        st.lost = False
+        return self.update(mono_ns, local_ns)
 
     def lost(self, source: str, mono_ns: int, local_ns: int) -> list[Change]:
         """The adapter knows a source is gone (PTP: no master left after announce timeout)."""
@@ -180,6 +195,7 @@ class FusedClock:
 
     def update(self, mono_ns: int, local_ns: int) -> list[Change]:
         """Re-evaluate which source to follow; call on every sample and at least once a second."""
+        self._latest_local = max(self._latest_local, local_ns)
         old_state, old_source = self.state, self.source
         best = self._best_alive(mono_ns)
         reason = ""

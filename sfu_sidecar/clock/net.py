@@ -183,33 +183,39 @@ class PtpSockets:
         """Send on the event port; return the transmit time (kernel stamp where available),
         or None when the sockets are closed, the send failed or another send is in flight."""
         sock = self._event
-        if sock is None or self._loop is None:
-            return None
-        if self._tx_waiter is not None:
-            return None  # the previous stamp is still awaited: skip rather than mix them up
+        if sock is None or self._loop is None or self._tx_waiter is not None:
+            return None  # closed, or the previous stamp is still awaited: never mix them up
         self._drain_errqueue(sock)  # a stale stamp must not be taken for this packet's
         waiter: asyncio.Future[int] = self._loop.create_future()
         self._tx_waiter = waiter
-        before = local.realtime_ns()
         try:
-            sock.sendto(data, (PTP_PRIMARY_MULTICAST, EVENT_PORT))
-        except OSError as exc:
-            log.warning("Delay_Req not sent: %s", exc.strerror)
-            return None
-        if self.mode != MODE_KERNEL:
-            return before
-        # On veth the stamp is queued during sendto; elsewhere it follows within the driver's
-        # transmit completion, which wakes the reader above.
-        stamp = self._drain_errqueue(sock)
-        if stamp is not None:
-            return stamp
-        try:
-            return await asyncio.wait_for(waiter, TX_STAMP_TIMEOUT_S)
-        except TimeoutError:
-            self.tx_stamp_misses += 1
-            log.debug("no transmit timestamp within %.0f ms; using the send time",
-                      TX_STAMP_TIMEOUT_S * 1000)
-            return before
+            before = local.realtime_ns()
+            # The kernel stamps the packet, queues the stamp and runs every poll callback on the
+            # socket before the packet goes on. An epoll registration (the reader) made that
+            # window ~0.5-1 us longer than ptp4l's, read as extra path delay; measured with
+            # bench/clock_accuracy.py. Out of the epoll set while sending, the bias is gone.
+            self._loop.remove_reader(sock.fileno())
+            try:
+                sock.sendto(data, (PTP_PRIMARY_MULTICAST, EVENT_PORT))
+            except OSError as exc:
+                log.warning("Delay_Req not sent: %s", exc.strerror)
+                return None
+            finally:
+                self._loop.add_reader(sock.fileno(), self._readable, sock, True)
+            if self.mode != MODE_KERNEL:
+                return before
+            # On veth the stamp is queued during sendto; elsewhere it follows at the driver's
+            # transmit completion, which wakes the reader above.
+            stamp = self._drain_errqueue(sock)
+            if stamp is not None:
+                return stamp
+            try:
+                return await asyncio.wait_for(waiter, TX_STAMP_TIMEOUT_S)
+            except TimeoutError:
+                self.tx_stamp_misses += 1
+                log.debug("no transmit timestamp within %.0f ms; using the send time",
+                          TX_STAMP_TIMEOUT_S * 1000)
+                return before
         finally:
             self._tx_waiter = None
 

@@ -228,6 +228,8 @@ class ClockService:
             log.warning("Delay_Req failed: %s", task.exception())
 
     async def _send_delay_req(self, ev: SendDelayReq) -> None:
+        if ev.delay_ns > 0:
+            await asyncio.sleep(ev.delay_ns / 1e9)
         socks = self._ptp_socks
         if socks is None or self.slave is None:
             return
@@ -249,6 +251,7 @@ class ClockService:
             # offsetFromMaster (IEEE 1588 11.2): local clock minus master, last sample.
             "offset_from_master_ns": self.slave.last_offset_ns,
             "samples": self.slave.samples,
+            "delay_samples": self.slave.delay_samples,
             "timestamping": self._ptp_socks.mode if self._ptp_socks else None,
             "tx_timestamp_misses": self._ptp_socks.tx_stamp_misses if self._ptp_socks else 0,
             "alive": bool(st and st.alive(local.monotonic_ns(), self.fused.timeouts_ns[PTP])),
@@ -284,7 +287,10 @@ class ClockService:
             self._ntp_used = server
         best = client.best()
         if best is None or best.local_ns <= self._ntp_last_fed:
-            return  # RFC 5905 §10: never feed a sample older than one already used
+            # RFC 5905 §10: never feed a sample older than one already used; the server is
+            # answering, though, so it stays a live source.
+            self._changes(self.fused.heard(NTP, local.monotonic_ns(), rx_ns))
+            return
         self._ntp_last_fed = best.local_ns
         self._changes(self.fused.sample(NTP, best.local_ns, local.monotonic_ns(),
                                         best.offset_ns, best.delay_ns // 2))

@@ -175,3 +175,30 @@ def test_status_fields() -> None:
     assert st["source"] == PTP and st["state"] == LOCKED
     assert abs(st["offset_ns"] - 7_000) < 100
     assert isinstance(st["now_ns"], int) and isinstance(st["error_ns"], int)
+
+
+def test_an_old_sample_never_moves_time_already_handed_out() -> None:
+    """A least-delay NTP sample can be seconds old; the rate change it causes applies from now
+    on, not from its timestamp (that would jump house time by age x rate change)."""
+    world = World()
+    clock = FusedClock((NTP,), 10_000, world.mono_ns)
+    feed(clock, world, NTP, 0, 3, 1)
+    world.advance(5 * NS)
+    before = clock.now(world.local())
+    old_local = world.local() - 4 * NS
+    # The old sample says house is 20 ms behind: the servo answers with a steep rate.
+    clock.sample(NTP, old_local, world.mono_ns, 20_000_000 + (world.true_ns - 4 * NS) - old_local)
+    assert abs(clock.freq_ppb) > 1_000_000  # > 0.1 %: 4 s of it, backdated, would be > 4 ms
+    world.advance(NS // 1000)
+    after = clock.now(world.local())
+    assert abs((after - before) - NS // 1000) <= NS // 1000 * 0.01 + 1
+
+
+def test_heard_keeps_a_source_alive_without_a_new_sample() -> None:
+    world = World()
+    clock = FusedClock((NTP,), 500, world.mono_ns)
+    feed(clock, world, NTP, 0, 3, 1)
+    for _ in range(20):
+        world.advance(NS)
+        clock.heard(NTP, world.mono_ns, world.local())
+    assert (clock.state, clock.source) == (LOCKED, NTP)

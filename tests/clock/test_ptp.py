@@ -229,7 +229,7 @@ def simulate(masters: list[SimMaster], seconds: float, *, local_offset_ns: int =
     """Run masters and one slave on a true timeline; the slave's local clock is
     ``true + local_offset + true_elapsed * local_ppb``. Only the slave's view is observable."""
     rng = random.Random(seed)
-    run = Run(slave or PtpSlave(ME))
+    run = Run(slave or PtpSlave(ME, rng=random.Random(seed)))
 
     def local(true_ns: int) -> int:
         return true_ns + local_offset_ns + round((true_ns - start_ns) * local_ppb / 1e9)
@@ -241,7 +241,8 @@ def simulate(masters: list[SimMaster], seconds: float, *, local_offset_ns: int =
             elif isinstance(ev, MasterSelected):
                 run.selected.append(ev.announce.grandmaster if ev.announce else None)
             elif isinstance(ev, SendDelayReq):
-                tx_true = true_ns + 10_000
+                assert 0 <= ev.delay_ns < SYNC_INTERVAL  # a random point in the Sync interval
+                tx_true = true_ns + 10_000 + ev.delay_ns
                 run.slave.delay_req_sent(ev.sequence_id, local(tx_true))
                 for m in masters:
                     if m.alive and run.slave.parent and m.gm == run.slave.parent.grandmaster:
@@ -391,3 +392,23 @@ def test_any_announce_round_trips(header: Header, ts: Timestamp, utc: int, p1: i
 def test_any_bytes_parse_or_raise_typed(data: bytes) -> None:
     with contextlib.suppress(PtpError):
         parse(data)
+
+
+def test_delay_resp_before_the_transmit_stamp_still_counts() -> None:
+    """The adapter may read the Delay_Resp before the kernel's transmit stamp is handed over."""
+    slave = PtpSlave(ME, rng=random.Random(1))
+    master = SimMaster(GM_A, offset_ns=9_000)
+    t = 1_700_000_000 * NS
+    for i in range(3):
+        slave.receive(master.announce(), t + i * ANNOUNCE_INTERVAL, t + i * ANNOUNCE_INTERVAL)
+    t += NS
+    events: list[object] = []
+    for data in master.sync(t):
+        events += slave.receive(data, t + 50_000, t + 50_000)
+    req = next(e for e in events if isinstance(e, SendDelayReq))
+    tx = t + 100_000
+    resp = master.delay_resp(req.sequence_id, tx + 50_000, slave.identity)
+    slave.receive(resp, None, tx + 60_000)  # answer first...
+    assert slave.delay_samples == 0
+    slave.delay_req_sent(req.sequence_id, tx)  # ...stamp second
+    assert slave.delay_samples == 1 and slave.path_delay_ns == 50_000
