@@ -610,9 +610,9 @@ class PtpSlave:
         return now_ns - self._last_delay_req_ns >= _interval_ns(self._log_delay_req)
 
     def _make_delay_req(self, now_ns: int, sync_log_interval: int) -> SendDelayReq:
-        # 9.5.11.2 wants Delay_Req times randomised. Sent right behind each Sync, they were
-        # measured ~1 us slower to reach the master than ptp4l's (a bias straight into the path
-        # delay); a random point inside the next Sync interval decorrelates them.
+        # 9.5.11.2: Delay_Req times are randomised, so the requests of many slaves do not all
+        # queue at the master right behind each Sync; here a random point of the next Sync
+        # interval, which keeps the mean rate at about one per logMinDelayReqInterval.
         delay = self._rng.randrange(_interval_ns(sync_log_interval))
         self._last_delay_req_ns = now_ns + delay
         self._delay_seq = (self._delay_seq + 1) & 0xFFFF
