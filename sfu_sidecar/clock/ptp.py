@@ -612,7 +612,7 @@ class PtpSlave:
     def _make_delay_req(self, now_ns: int, sync_log_interval: int) -> SendDelayReq:
         # 9.5.11.2: Delay_Req times are randomised, so the requests of many slaves do not all
         # queue at the master right behind each Sync; here a random point of the next Sync
-        # interval, which keeps the mean rate at about one per logMinDelayReqInterval.
+        # interval after at least logMinDelayReqInterval since the previous request.
         delay = self._rng.randrange(_interval_ns(sync_log_interval))
         self._last_delay_req_ns = now_ns + delay
         self._delay_seq = (self._delay_seq + 1) & 0xFFFF
