@@ -53,3 +53,12 @@ def test_kernel_stamps_on_loopback() -> None:
 def test_unknown_interface_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="nosuch0"):
         net.interface_address("nosuch0")
+
+
+def test_refused_timestamping_falls_back_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.close()  # every setsockopt now fails (EBADF): the kernel refuses both stamp options
+    with caplog.at_level("WARNING", logger="sfu_sidecar.clock.net"):
+        assert net._enable_timestamps(s) == net.MODE_USER
+    text = caplog.text
+    assert "SO_TIMESTAMPING refused" in text and "user space" in text
