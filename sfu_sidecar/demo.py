@@ -60,7 +60,9 @@ class Broadcaster:
         timeline = Timeline.starting_now(self.now_ns)
         tracks = [BeepAudioTrack(timeline), FlashVideoTrack(timeline)]
         self.session = await publish(
-            f"{self.base_url}/whip/{STREAM}", list(tracks), token=self.token
+            f"{self.base_url}/whip/{STREAM}", list(tracks), token=self.token,
+            capture_start_ns=timeline.start_house_ns, clock_ns=self.now_ns,
+            ice_addresses=("127.0.0.1",),
         )
         log.info("broadcaster publishing to stream %r", STREAM)
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}

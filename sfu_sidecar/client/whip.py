@@ -1,15 +1,50 @@
-"""A WHIP (RFC 9725) publishing client on aiortc, for the demo and for tests."""
+"""A WHIP (RFC 9725) publishing client on aiortc, for the demo, tests and Python publishers.
+
+Beyond plain WHIP it can (1) stamp every packet with abs-capture-time from a known capture start
+(see ``capture_stamp.py``) and (2) join the house clock over the ``sync`` DataChannel and report
+its offset, so the relay maps those stamps to house time exactly instead of estimating the
+publisher's clock from arrival times.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+import contextlib
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from urllib.parse import urljoin
 
 import aiohttp
 from aiortc import RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
+from aiortc.rtcdatachannel import RTCDataChannel
 
+from sfu_sidecar import logs
+from sfu_sidecar.client.capture_stamp import CaptureStamper
+from sfu_sidecar.clock import exchange
 from sfu_sidecar.exceptions import RemoteError
+from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
+from sfu_sidecar.sync.wire import (
+    ClockReport,
+    ClockReq,
+    ClockResp,
+    ControlMessage,
+    SyncWireError,
+    parse_message,
+)
+
+log = logs.get("client.whip")
+
+CLOCK_RATES = {"audio": 48000, "video": 90000}  # Opus and every video codec we forward
+# Eight rounds 20 ms apart: the minimum-RTT sample of eight is close to the floor on any
+# sane path, and the join is done a fraction of a second after the channel opens.
+JOIN_ROUNDS = 8
+JOIN_SPACING_S = 0.02
+REPLY_TIMEOUT_S = 0.5
+OPEN_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -17,9 +52,22 @@ class WhipSession:
     pc: RTCPeerConnection
     resource_url: str
     token: str | None
+    channel: RTCDataChannel | None = None
+    stamper: CaptureStamper | None = None
+    clock_report: ClockReport | None = None
+    _join: asyncio.Task[None] | None = field(default=None, repr=False)
+
+    async def joined(self) -> ClockReport | None:
+        """Wait for the clock join to finish; its report, or None if there was none."""
+        if self._join is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._join
+        return self.clock_report
 
     async def close(self) -> None:
         """DELETE the session resource (RFC 9725 section 4.2), then close the peer connection."""
+        if self._join is not None:
+            self._join.cancel()
         try:
             async with aiohttp.ClientSession() as http, http.delete(
                 self.resource_url, headers=_auth(self.token)
@@ -34,13 +82,75 @@ def _auth(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
+def extension_id(sdp: str, uri: str) -> int | None:
+    """The id an SDP gives a header extension (``a=extmap:<id>[/dir] <uri>``)."""
+    match = re.search(rf"^a=extmap:(\d+)(?:/\w+)? {re.escape(uri)}\s*$", sdp, re.M)
+    return int(match.group(1)) if match else None
+
+
+async def _join_clock(
+    session: WhipSession, channel: RTCDataChannel, clock_ns: Callable[[], int]
+) -> None:
+    """Four-timestamp exchange over the channel (proto/clock.md); then report the offset."""
+    join = exchange.ClockJoin()
+    replies: asyncio.Queue[tuple[ClockResp, int]] = asyncio.Queue()
+
+    def on_message(data: bytes | str) -> None:
+        t4 = clock_ns()
+        try:
+            message = parse_message(data.encode() if isinstance(data, str) else data)
+        except SyncWireError:
+            return
+        if isinstance(message, ControlMessage) and isinstance(message.message, ClockResp):
+            replies.put_nowait((message.message, t4))
+
+    channel.on("message", on_message)
+    if channel.readyState != "open":
+        opened = asyncio.Event()
+        channel.on("open", opened.set)
+        await asyncio.wait_for(opened.wait(), OPEN_TIMEOUT_S)
+    for _ in range(JOIN_ROUNDS):
+        channel.send(ControlMessage(ClockReq(t1=join.request(clock_ns()).t1)).serialize())
+        try:
+            resp, t4 = await asyncio.wait_for(replies.get(), REPLY_TIMEOUT_S)
+        except TimeoutError:
+            continue
+        join.response(exchange.ClockResp(resp.t1, resp.t2, resp.t3), t4)
+        await asyncio.sleep(JOIN_SPACING_S)
+    report = join.report()
+    if report is None:
+        log.warning("clock join got no answer; the relay will estimate this publisher's clock")
+        return
+    session.clock_report = ClockReport(report.offset_ns, report.error_ns, report.rtt_ns)
+    channel.send(ControlMessage(session.clock_report).serialize())
+
+
 async def publish(
-    endpoint: str, tracks: list[MediaStreamTrack], *, token: str | None = None
+    endpoint: str,
+    tracks: list[MediaStreamTrack],
+    *,
+    token: str | None = None,
+    capture_start_ns: int | None = None,
+    join_clock: bool = True,
+    clock_ns: Callable[[], int] = time.time_ns,
+    ice_addresses: tuple[str, ...] = (),
 ) -> WhipSession:
-    """Offer ``tracks`` to a WHIP endpoint and return the established session."""
+    """Offer ``tracks`` to a WHIP endpoint and return the established session.
+
+    ``capture_start_ns`` (on ``clock_ns``'s clock): the capture instant of pts 0 of every track;
+    when given, packets carry abs-capture-time. ``join_clock`` opens the ``sync`` channel and
+    joins the house clock with ``clock_ns`` as this publisher's clock. ``ice_addresses``: host
+    addresses to gather on besides aioice's own (it skips loopback).
+    """
+    if capture_start_ns is not None:
+        for kind in ("audio", "video"):
+            adapter.negotiate_header_extension(kind, ABS_CAPTURE_TIME)
     pc = RTCPeerConnection()
-    for track in tracks:
-        pc.addTransceiver(track, direction="sendonly")
+    senders = [(track.kind, pc.addTransceiver(track, direction="sendonly").sender)
+               for track in tracks]
+    channel = pc.createDataChannel("sync", ordered=False, maxRetransmits=0) if join_clock else None
+    if ice_addresses:
+        adapter.install_ice(pc, ice_addresses, None)
     await pc.setLocalDescription(await pc.createOffer())  # aiortc gathers before returning
     headers = {"Content-Type": "application/sdp", **_auth(token)}
     try:
@@ -57,4 +167,18 @@ async def publish(
     except BaseException:
         await pc.close()
         raise
-    return WhipSession(pc, urljoin(endpoint, location), token)
+    session = WhipSession(pc, urljoin(endpoint, location), token, channel)
+    if capture_start_ns is not None:
+        ext = extension_id(body, ABS_CAPTURE_TIME)
+        if ext is None:
+            log.warning("the relay did not accept abs-capture-time; capture times will be "
+                        "taken from sender reports")
+        else:
+            rates = {adapter.sender_ssrcs(sender)[0]: CLOCK_RATES[kind]
+                     for kind, sender in senders}
+            session.stamper = CaptureStamper(capture_start_ns, ext, rates)
+            for dtls in adapter.dtls_transports(pc):
+                adapter.transform_outgoing_rtp(dtls, session.stamper)
+    if channel is not None:
+        session._join = asyncio.create_task(_join_clock(session, channel, clock_ns))
+    return session

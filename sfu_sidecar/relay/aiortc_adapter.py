@@ -61,6 +61,7 @@ __all__ = [
     "rtp_sender",
     "sender_ssrcs",
     "silence_sender",
+    "transform_outgoing_rtp",
 ]
 
 # (owner, attribute) for everything checked at class level; instance fields are checked by
@@ -192,6 +193,20 @@ def rtp_sender(dtls: RTCDtlsTransport) -> tuple[Callable[[bytes], None], Callabl
         _out(srtp.protect_rtcp(data))
 
     return send_rtp, send_rtcp
+
+
+def transform_outgoing_rtp(dtls: RTCDtlsTransport, transform: Callable[[bytes], bytes]) -> None:
+    """Pass every plaintext packet an aiortc peer sends through ``transform`` before SRTP.
+
+    For publishing clients (stamping abs-capture-time, which aiortc cannot write). RTCP goes
+    through the same method; ``transform`` must return it unchanged.
+    """
+    original = dtls._send_rtp
+
+    async def send_rtp(data: bytes) -> None:
+        await original(transform(data))
+
+    dtls._send_rtp = send_rtp  # type: ignore[method-assign]
 
 
 def silence_sender(sender: RTCRtpSender) -> None:

@@ -36,7 +36,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from sfu_sidecar.relay.session import ViewerSession
+    from aiortc.rtcdatachannel import RTCDataChannel
+
+    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
 SDES_MID = "urn:ietf:params:rtp-hdrext:sdes:mid"
 ABS_SEND_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
@@ -87,6 +89,16 @@ class RelayObserver:
     def publisher_packet(self, stream: str, publisher_id: str, packet: PacketInfo) -> None:
         """One RTP packet of ``stream``'s publisher (RTX unwrapped), before any viewer's
         observers see it. Called only for observers that override it."""
+
+    def publisher_connected(self, publisher: PublisherSession) -> None:
+        """The publisher's transport is up. Channels it opened appear in
+        ``publisher.data_channels`` (a ``sync`` channel carries its clock join)."""
+
+    def data_channel(
+        self, session: PublisherSession | ViewerSession, channel: RTCDataChannel
+    ) -> None:
+        """A peer opened a DataChannel. Attach message handlers here, not later: messages
+        that arrive before a handler is attached are lost."""
 
     def viewer_connected(self, viewer: ViewerSession) -> None:
         """The viewer's transport is up; its tracks start receiving at the next packet."""

@@ -144,6 +144,7 @@ class PublisherSession:
         self.observers = observers
         self.pc = RTCPeerConnection(rtc_configuration())
         self.tracks: list[PublisherTrack] = []
+        self.data_channels: dict[str, RTCDataChannel] = {}
         self.counters = SessionCounters()
         self.state = "new"
         self.created_ns = now_ns()
@@ -211,6 +212,7 @@ class PublisherSession:
                 self._routes[track.rtx_payload_type] = (track, True)
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
         self.pc.on("connectionstatechange", self._on_state)
+        self.pc.on("datachannel", self._on_datachannel)
         self._tick_task = asyncio.create_task(self._tick(), name=f"publisher-{self.id[:8]}")
         log.info("publisher %s on %s: %s (%d mDNS candidates dropped)", self.id[:8],
                  self.stream.name, ", ".join(f"{t.kind} {t.codec.name}" for t in self.tracks),
@@ -222,12 +224,25 @@ class PublisherSession:
         for cand in trickle.candidates:
             await self.pc.addIceCandidate(cand)
 
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.data_channels[channel.label] = channel
+        for observer in self.observers:
+            try:
+                observer.data_channel(self, channel)
+            except Exception:
+                log.exception("observer failed on data_channel")
+
     def _on_state(self) -> None:
         state = self.pc.connectionState
         self.state = state
         if state == "connected":
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
+            for observer in self.observers:
+                try:
+                    observer.publisher_connected(self)
+                except Exception:
+                    log.exception("observer failed on publisher_connected")
         elif state in ("failed", "closed"):
             _later(self.close())
 
@@ -524,6 +539,11 @@ class ViewerSession:
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         self.data_channels[channel.label] = channel
+        for observer in self.observers:
+            try:
+                observer.data_channel(self, channel)
+            except Exception:
+                log.exception("observer failed on data_channel")
 
     def _on_state(self) -> None:
         state = self.pc.connectionState

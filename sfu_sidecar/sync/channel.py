@@ -47,7 +47,7 @@ if TYPE_CHECKING:
 
     from sfu_sidecar.captions.service import CaptionService
     from sfu_sidecar.relay.service import RelayService
-    from sfu_sidecar.relay.session import ViewerSession
+    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
 log = logs.get("sync")
 
@@ -58,6 +58,9 @@ POLL_INTERVAL_S = 0.05
 # Cues sent to a viewer when it connects: those still on screen or coming (stream seconds).
 CATCH_UP_BEHIND_S = 10.0
 CATCH_UP_AHEAD_S = 120.0
+# How long the epoch waits for a publisher's clock join before an estimated capture time
+# fixes it: a join lands within a fraction of a second of the channel opening.
+EPOCH_SETTLE_NS = 2_000_000_000
 
 
 @dataclass
@@ -67,7 +70,6 @@ class _Viewer:
     channel: RTCDataChannel | None = None
     telemetry: Telemetry | None = None
     clock_report: ClockReport | None = None
-    bad_messages: int = 0
     started_ns: int = 0
 
 
@@ -78,6 +80,10 @@ class _Publisher:
     # packet runs before the next packet arrives, so one entry per kind is the whole cache.
     last: dict[str, tuple[int, int, CaptureTime]] = field(default_factory=dict)
     publisher_id: str | None = None
+    channel: RTCDataChannel | None = None
+    clock_report: ClockReport | None = None
+    first_frame: tuple[int, int] | None = None  # (RTP timestamp, arrival ns) of frame one
+    epoch_fixed: bool = False
 
 
 class SyncService(RelayObserver):
@@ -98,6 +104,8 @@ class SyncService(RelayObserver):
         self.now_ns = now_ns
         self.publishers: dict[str, _Publisher] = {}
         self.viewers: dict[str, _Viewer] = {}
+        # Channels that opened before their viewer's transport counted as connected.
+        self._pending_channels: dict[str, RTCDataChannel] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._messages = metrics.counter("sync_messages", "Messages sent on sync channels")
         self._bytes = metrics.counter("sync_bytes", "Bytes sent on sync channels")
@@ -136,29 +144,74 @@ class SyncService(RelayObserver):
             pub = self.publishers[stream] = _Publisher()
         return pub
 
-    def publisher_packet(self, stream: str, publisher_id: str, packet: PacketInfo) -> None:
+    def _publisher_session(self, stream: str, publisher_id: str) -> _Publisher:
+        """The stream's state, reset when a new publisher session shows up (whichever of its
+        transport, channel or first packet is seen first)."""
         pub = self._publisher(stream)
         if pub.publisher_id != publisher_id:
             if pub.publisher_id is not None:
-                pub.sync.reconnect()  # a new session: new SSRCs, timestamp bases and clock
+                pub.sync.reconnect()  # new SSRCs, timestamp bases and clock
+                pub.channel = pub.clock_report = None
             pub.publisher_id = publisher_id
+        return pub
+
+    def publisher_connected(self, publisher: PublisherSession) -> None:
+        self._publisher_session(publisher.stream.name, publisher.id)
+
+    def publisher_packet(self, stream: str, publisher_id: str, packet: PacketInfo) -> None:
+        pub = self._publisher_session(stream, publisher_id)
         capture = pub.sync.on_packet(
             packet.kind, packet.ssrc, packet.timestamp, packet.arrival_ns, packet.clock_rate,
             packet.extensions,
         )
         pub.last[packet.kind] = (packet.ssrc, packet.sequence_number, capture)
-        # The stream epoch is the capture time of its first frame (captions/service.py).
-        if (
-            self.captions is not None and capture.first_packet and packet.kind == "video"
-            and self.captions.epoch(stream) is None
-        ):
-            self.captions.fix_epoch(stream, capture.capture_ns)
+        if packet.kind == "video" and self.captions is not None:
+            self._maybe_fix_epoch(stream, pub, packet, capture)
+
+    def _maybe_fix_epoch(
+        self, stream: str, pub: _Publisher, packet: PacketInfo, capture: CaptureTime
+    ) -> None:
+        """The stream epoch is the capture time of its first frame (captions/service.py).
+
+        It is fixed for the stream's life, so it waits until that capture time is known
+        exactly (the publisher joined the house clock) or EPOCH_SETTLE_NS has passed, and is
+        then read off the current map at the first frame's RTP time.
+        """
+        assert self.captions is not None
+        if pub.epoch_fixed or self.captions.epoch(stream) is not None:
+            pub.epoch_fixed = True
+            return
+        if pub.first_frame is None:
+            pub.first_frame = (packet.timestamp, packet.arrival_ns)
+        first_ts, first_arrival = pub.first_frame
+        if capture.estimated and packet.arrival_ns - first_arrival < EPOCH_SETTLE_NS:
+            return
+        mapping = pub.sync.tracks["video"]
+        epoch = mapping.capture_of(first_ts)
+        if epoch is not None:
+            self.captions.fix_epoch(stream, epoch)
+            pub.epoch_fixed = True
 
     def publisher_sender_report(self, stream: str, kind: str, report: SenderReport) -> None:
         arrival = report.arrival_ns if report.arrival_ns is not None else self.now_ns()
         self._publisher(stream).sync.on_sender_report(
             kind, report.ntp_timestamp, report.rtp_timestamp, arrival
         )
+
+    def data_channel(
+        self, session: PublisherSession | ViewerSession, channel: RTCDataChannel
+    ) -> None:
+        if channel.label != CHANNEL_LABEL:
+            return
+        from sfu_sidecar.relay.session import PublisherSession
+
+        if isinstance(session, PublisherSession):
+            pub = self._publisher_session(session.stream.name, session.id)
+            pub.channel = channel
+            channel.on("message", lambda data: self._on_publisher_message(pub, channel, data))
+        else:
+            self._pending_channels[session.id] = channel
+            channel.on("message", lambda data: self._on_viewer_message(session.id, channel, data))
 
     def viewer_connected(self, viewer: ViewerSession) -> None:
         entry = _Viewer(viewer, ViewerSync(), started_ns=self.now_ns())
@@ -171,6 +224,7 @@ class SyncService(RelayObserver):
         self._catch_up(entry, stream)
 
     def viewer_closed(self, viewer: ViewerSession) -> None:
+        self._pending_channels.pop(viewer.id, None)
         entry = self.viewers.pop(viewer.id, None)
         if entry is not None:
             self._dropped.inc(entry.sync.batcher.stats.frames_dropped)
@@ -246,36 +300,53 @@ class SyncService(RelayObserver):
 
     def _attach(self, entry: _Viewer) -> RTCDataChannel | None:
         if entry.channel is None:
-            channel = entry.session.data_channels.get(CHANNEL_LABEL)
-            if channel is None:
-                return None
-            entry.channel = channel
-            channel.on("message", lambda data: self._on_message(entry, data))
-        return entry.channel if entry.channel.readyState == "open" else None
+            entry.channel = self._pending_channels.pop(entry.session.id, None)
+        if entry.channel is None or entry.channel.readyState != "open":
+            return None
+        return entry.channel
 
-    def _on_message(self, entry: _Viewer, data: Any) -> None:
+    def _receive(self, channel: RTCDataChannel, data: Any, who: str) -> ControlMessage | None:
+        """Decode one message from a peer and answer a clock join at once; the control
+        message is returned for the caller to act on, None when it was bad or handled."""
         t2 = self.now_ns()
         if isinstance(data, str):
             data = data.encode()
         try:
             message = parse_message(data)
         except SyncWireError as exc:
-            entry.bad_messages += 1
             self._bad.labels(exc.kind).inc()
-            log.info("bad sync message from viewer %s: %s", entry.session.id[:8], exc.reason)
-            return
+            log.info("bad sync message from %s: %s", who, exc.reason)
+            return None
         if not isinstance(message, ControlMessage):
-            return  # viewers send control messages only; batches from them are ignored
-        control = message.message
-        if isinstance(control, ClockReq):
-            reply = ControlMessage(ClockResp(t1=control.t1, t2=t2, t3=self.now_ns()))
-            if entry.channel is not None and entry.channel.readyState == "open":
-                entry.channel.send(reply.serialize())
+            return None  # peers send control messages only; batches from them are ignored
+        if isinstance(message.message, ClockReq):
+            reply = ControlMessage(ClockResp(t1=message.message.t1, t2=t2, t3=self.now_ns()))
+            if channel.readyState == "open":
+                channel.send(reply.serialize())
                 self._joins.inc()
-        elif isinstance(control, ClockReport):
+            return None
+        return message
+
+    def _on_viewer_message(self, viewer_id: str, channel: RTCDataChannel, data: Any) -> None:
+        message = self._receive(channel, data, f"viewer {viewer_id[:8]}")
+        entry = self.viewers.get(viewer_id)
+        if message is None or entry is None:
+            return
+        control = message.message
+        if isinstance(control, ClockReport):
             entry.clock_report = control
         elif isinstance(control, Telemetry):
             entry.telemetry = control
+
+    def _on_publisher_message(self, pub: _Publisher, channel: RTCDataChannel, data: Any) -> None:
+        message = self._receive(channel, data, f"publisher {(pub.publisher_id or '?')[:8]}")
+        if message is not None and isinstance(message.message, ClockReport):
+            # The publisher measured house - its clock: its capture stamps map exactly.
+            pub.clock_report = message.message
+            pub.sync.join(message.message.offset_ns)
+            log.info("publisher %s joined the house clock: offset %d ns, error %d ns",
+                     (pub.publisher_id or "?")[:8], message.message.offset_ns,
+                     message.message.error_ns)
 
     def poll_once(self) -> None:
         now = self.now_ns()
@@ -315,7 +386,6 @@ class SyncService(RelayObserver):
             "frames_dropped": stats.frames_dropped,
             "frames_expired": stats.frames_expired,
             "stalls": stats.stalls,
-            "bad_messages": entry.bad_messages,
             "clock_report": dataclasses.asdict(entry.clock_report) if entry.clock_report else None,
             "telemetry": dataclasses.asdict(entry.telemetry) if entry.telemetry else None,
         }

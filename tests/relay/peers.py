@@ -102,6 +102,7 @@ class Peer:
     tracks: dict[str, MediaStreamTrack] = field(default_factory=dict)
     drop: Callable[[RtpPacket], bool] | None = None
     dropped: list[RtpPacket] = field(default_factory=list)
+    channel: Any = None  # the RTCDataChannel the viewer offered, if any
 
     async def close(self) -> None:
         await self.pc.close()
@@ -209,8 +210,10 @@ async def view(
     *,
     token: str | None = None,
     kinds: tuple[str, ...] = ("audio", "video"),
-    data_channel: bool = False,
+    data_channel: bool | str = False,
 ) -> Peer:
+    """A WHEP viewer; ``data_channel`` offers a channel (a str names it: ``"sync"`` is opened
+    unordered without retransmissions, as proto/sync.md asks of viewers)."""
     pc = client_pc()
     tracks: dict[str, MediaStreamTrack] = {}
 
@@ -220,12 +223,15 @@ async def view(
 
     for kind in kinds:
         pc.addTransceiver(kind, direction="recvonly")
-    if data_channel:
-        pc.createDataChannel("hello")
+    channel = None
+    if data_channel == "sync":
+        channel = pc.createDataChannel("sync", ordered=False, maxRetransmits=0)
+    elif data_channel:
+        channel = pc.createDataChannel(data_channel if isinstance(data_channel, str) else "hello")
     aiortc_adapter.install_ice(pc, LOOPBACK, None)
     await pc.setLocalDescription(await pc.createOffer())
     location, answer = await _post(http, f"{base}/whep/{stream}", pc.localDescription.sdp, token)
-    peer = Peer(pc, location, answer, tracks=tracks)
+    peer = Peer(pc, location, answer, tracks=tracks, channel=channel)
     await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
     _record_received(peer)
     return peer

@@ -1,0 +1,258 @@
+"""Sync metadata end to end: aiortc publisher -> relay -> aiortc viewer with a ``sync`` channel.
+
+The publisher is the synthetic source, whose every frame has a known capture instant and carries
+its frame number in its pixels; the viewer decodes frames, reads the number back, and checks the
+capture time the relay's records give for the RTP timestamp it received.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from sfu_sidecar.app import SERVICES_KEY, build_app
+from sfu_sidecar.client.whip import WhipSession, publish
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.sync.wire import (
+    AnchorRecord,
+    Batch,
+    ControlMessage,
+    ControlRecord,
+    Cue,
+    Epoch,
+    FrameRecord,
+    Source,
+    parse_message,
+)
+from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline, decode_frame_number
+from tests.relay.peers import LOOPBACK, Peer, view, wait_for
+
+MASK32 = 0xFFFFFFFF
+TOLERANCE_NS = 1_000_000
+
+
+class ViewerRecords:
+    """What a viewer learns from its sync channel: anchors, frame records, control messages."""
+
+    def __init__(self) -> None:
+        self.anchors: dict[tuple[int, int], AnchorRecord] = {}
+        self.current: dict[int, AnchorRecord] = {}
+        self.frames: dict[tuple[int, int], tuple[int, Source, bool]] = {}
+        self.controls: list[Any] = []
+        self.messages = 0
+        self.bytes = 0
+
+    def feed(self, data: bytes) -> None:
+        self.messages += 1
+        self.bytes += len(data)
+        message = parse_message(data)
+        if isinstance(message, ControlMessage):
+            self.controls.append(message.message)
+            return
+        assert isinstance(message, Batch)
+        for record in message.records:
+            if isinstance(record, AnchorRecord):
+                self.anchors[(record.track, record.generation)] = record
+                self.current[record.track] = record
+            elif isinstance(record, FrameRecord):
+                anchor = self.anchors[(record.track, record.generation)]
+                self.frames[(record.track, record.rtp_ts(anchor))] = (
+                    record.capture_ns(anchor), record.source, anchor.estimated,
+                )
+            elif isinstance(record, ControlRecord):
+                self.controls.append(record.message)
+
+    def track_for(self, mid: str) -> int:
+        return next(t for t, a in self.current.items() if a.mid == mid)
+
+    def frame(self, track: int, rtp_ts: int) -> tuple[int, Source, bool] | None:
+        # aiortc's decoder reports pts through a rescale that can be one tick off the RTP
+        # timestamp it came from; frames are 3000 ticks apart, so +-2 is unambiguous.
+        for delta in (0, -1, 1, -2, 2):
+            found = self.frames.get((track, (rtp_ts + delta) & MASK32))
+            if found is not None:
+                return found
+        return None
+
+
+@pytest.fixture
+async def relay_base(tmp_path: Path) -> AsyncIterator[tuple[str, SyncService]]:
+    settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path)})
+    app = build_app(settings)
+    sync = next(c for c in app[SERVICES_KEY].components if isinstance(c, SyncService))
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}", sync
+    finally:
+        await server.close()
+
+
+async def start_publisher(base: str, stream: str, *, stamp: bool) -> tuple[
+    WhipSession, FlashVideoTrack, Timeline
+]:
+    timeline = Timeline.starting_now(time.time_ns)
+    video = FlashVideoTrack(timeline)
+    session = await publish(
+        f"{base}/whip/{stream}", [BeepAudioTrack(timeline), video],
+        capture_start_ns=timeline.start_house_ns if stamp else None,
+        ice_addresses=LOOPBACK,
+    )
+    return session, video, timeline
+
+
+def collect(peer: Peer) -> ViewerRecords:
+    records = ViewerRecords()
+    peer.channel.on("message", records.feed)
+    return records
+
+
+async def decoded_frames(peer: Peer, count: int) -> list[tuple[int, int]]:
+    """(frame number read from the pixels, RTP timestamp the viewer received) per frame."""
+    track = peer.tracks["video"]
+    video_pt = None
+    out = []
+    async with asyncio.timeout(20):
+        while len(out) < count:
+            frame = await track.recv()
+            if video_pt is None:
+                # aiortc's receiver reports pts relative to the first RTP timestamp it got.
+                ssrc = _video_ssrc(peer)
+                first = next(p for p in peer.received if p.ssrc == ssrc)
+                video_pt = first.timestamp
+            luma = frame.to_ndarray(format="yuv420p")[: frame.height]
+            out.append((decode_frame_number(luma), (frame.pts + video_pt) & MASK32))
+    return out
+
+
+def _video_ssrc(peer: Peer) -> int:
+    # The relay's answer announces each track's SSRC; the video one is in the video m-section.
+    section = peer.answer.split("m=video", 1)[1].split("m=", 1)[0]
+    ssrc_line = next(line for line in section.splitlines() if line.startswith("a=ssrc:"))
+    return int(ssrc_line.split()[0].split(":")[1])
+
+
+async def test_every_viewer_frame_maps_to_its_true_capture_time(
+    relay_base: tuple[str, SyncService],
+) -> None:
+    base, sync = relay_base
+    publisher, video, timeline = await start_publisher(base, "s", stamp=True)
+    async with aiohttp.ClientSession() as http:
+        viewer = await view(http, base, "s", data_channel="sync")
+        records = collect(viewer)
+        try:
+            report = await publisher.joined()
+            assert report is not None and abs(report.offset_ns) < 2_000_000  # same host clock
+            frames = await decoded_frames(viewer, 60)
+            await asyncio.sleep(0.5)  # the last batch leaves within 200 ms
+            video_track = records.track_for(_mid(viewer, "video"))
+            errors, estimated, unmapped = [], 0, 0
+            for number, rtp_ts in frames:
+                found = records.frame(video_track, rtp_ts)
+                if found is None:
+                    unmapped += 1
+                    continue
+                capture, source, is_estimated = found
+                assert source == Source.ABS_CAPTURE_TIME
+                if is_estimated:
+                    # Before the publisher's clock join lands (~0.3 s) its offset is estimated
+                    # from arrival times, and the records say so.
+                    estimated += 1
+                    continue
+                errors.append(abs(capture - video.capture_log[number]))
+            assert unmapped == 0
+            assert estimated <= 15, estimated
+            assert len(errors) >= 45 and max(errors) <= TOLERANCE_NS, sorted(errors)[-5:]
+
+            # Audio is on the same timeline: each audio frame's capture time sits on the
+            # source's 20 ms grid from the common start.
+            audio_track = records.track_for(_mid(viewer, "audio"))
+            audio = [c for (t, _), (c, _, est) in records.frames.items()
+                     if t == audio_track and not est]
+            assert len(audio) > 50
+            for capture in audio:
+                phase = (capture - timeline.start_house_ns) % 20_000_000
+                assert min(phase, 20_000_000 - phase) <= TOLERANCE_NS
+
+            # The epoch (first frame's capture time) reached the viewer as a control message.
+            epochs = [c for c in records.controls if isinstance(c, Epoch)]
+            assert epochs and abs(epochs[0].epoch_ns - timeline.start_house_ns) <= TOLERANCE_NS
+
+            status = sync.viewer_status(sync.viewers[next(iter(sync.viewers))], time.time_ns())
+            print(f"\nsync traffic per viewer: {status['messages_per_s']} messages/s, "
+                  f"{status['bytes_per_s']} bytes/s")
+            assert status["messages_per_s"] <= 5.5
+        finally:
+            await viewer.close()
+            await publisher.close()
+
+
+async def test_without_capture_stamps_sender_reports_give_the_map(
+    relay_base: tuple[str, SyncService],
+) -> None:
+    base, _ = relay_base
+    publisher, video, _ = await start_publisher(base, "sr", stamp=False)
+    async with aiohttp.ClientSession() as http:
+        viewer = await view(http, base, "sr", data_channel="sync")
+        records = collect(viewer)
+        try:
+            # aiortc sends its first SR about a second in; frames before it map by arrival.
+            await wait_for(
+                lambda: any(a.source == Source.SENDER_REPORT for a in records.current.values()),
+                8, "an anchor built from sender reports",
+            )
+            frames = await decoded_frames(viewer, 30)
+            await asyncio.sleep(0.5)
+            track = records.track_for(_mid(viewer, "video"))
+            errors = []
+            for n, ts in frames:
+                found = records.frame(track, ts)
+                assert found is not None
+                errors.append(abs(found[0] - video.capture_log[n]))
+            # aiortc builds its SRs from the time it sends the report, after encoding (several
+            # ms for VP8 here), so SR-derived capture times trail the true ones by that much.
+            assert max(errors) <= 40_000_000, sorted(errors)[-5:]
+        finally:
+            await viewer.close()
+            await publisher.close()
+
+
+async def test_captions_reach_viewers_on_the_channel(
+    relay_base: tuple[str, SyncService],
+) -> None:
+    base, _ = relay_base
+    publisher, _, timeline = await start_publisher(base, "cap", stamp=True)
+    async with aiohttp.ClientSession() as http:
+        viewer = await view(http, base, "cap", data_channel="sync")
+        records = collect(viewer)
+        try:
+            # Media fixes the epoch (its first frame's capture time) once the publisher joined.
+            await wait_for(lambda: any(isinstance(c, Epoch) for c in records.controls), 5,
+                           "the stream epoch")
+            cue = {"id": "c1", "start": timeline.start_house_ns + 3_000_000_000,
+                   "end": timeline.start_house_ns + 4_500_000_000, "text": "hello"}
+            async with http.post(f"{base}/api/streams/cap/captions",
+                                 json={"timebase": "house_ns", "lang": "en",
+                                       "cues": [cue]}) as resp:
+                assert resp.status in (200, 201), await resp.text()
+            await wait_for(lambda: any(isinstance(c, Cue) for c in records.controls), 3,
+                           "the cue on the sync channel")
+            got = next(c for c in records.controls if isinstance(c, Cue))
+            assert (got.id, got.text, got.start, got.end) == ("c1", "hello", 3.0, 4.5)
+        finally:
+            await viewer.close()
+            await publisher.close()
+
+
+def _mid(peer: Peer, kind: str) -> str:
+    section = peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0]
+    return next(line.split(":", 1)[1] for line in section.splitlines()
+                if line.startswith("a=mid:"))
