@@ -1,0 +1,149 @@
+"""The product's viewer page in headless Chromium, fed by the synthetic publisher through the relay.
+
+Run inside a network namespace that has only ``lo`` (see test_sync_viewer_chromium.py). The
+service and the publisher run on an event loop in a thread; Chromium opens ``/?stream=e2e`` and,
+for every presented frame (``requestVideoFrameCallback``), records the RTP timestamp, the capture
+time the page mapped it to from the ``sync`` records, and the frame number read off the pixels.
+Prints one JSON line: the frames, and the publisher's true capture time of each frame number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from aiohttp import web
+
+from sfu_sidecar.app import build_app
+from sfu_sidecar.client.whip import publish
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, free_port
+
+WATCH_S = 6.0
+CUE_TEXT = "caption on capture time"
+
+# Reads the 20-bit frame number the synthetic source draws across the top 24 rows.
+RECORD_JS = """
+() => {
+  const video = document.getElementById('video');
+  const canvas = document.createElement('canvas');
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  window.probeFrames = [];
+  window.sfuViewer.frameListeners.push((record, meta) => {
+    const w = video.videoWidth;
+    if (!w) return;
+    canvas.width = w; canvas.height = 24;
+    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
+    const px = ctx.getImageData(0, 0, w, 24).data;
+    const block = Math.floor(w / 20);
+    let n = 0;
+    for (let bit = 0; bit < 20; bit++) {
+      const x = bit * block + Math.floor(block / 2);
+      n = (n << 1) | (px[(12 * w + x) * 4] > 128 ? 1 : 0);
+    }
+    const track = [...window.sfuViewer.sync.current.entries()].find(([, a]) => !a.audio);
+    window.probeFrames.push({
+      n, rtp: meta.rtpTimestamp,
+      capture: record.captureNs === null ? null : String(record.captureNs),
+      estimated: track ? Boolean(track[1].estimated) : null,
+      caption: document.getElementById('caption').textContent,
+    });
+  });
+}
+"""
+
+
+class Service:
+    """The app and the synthetic publisher on their own event loop."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.video: FlashVideoTrack | None = None
+        self.joined: Any = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")
+        settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": data_dir})
+        self.runner = web.AppRunner(build_app(settings))
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        timeline = Timeline.starting_now(time.time_ns)
+        self.video = FlashVideoTrack(timeline)
+        self.session = await publish(
+            f"http://127.0.0.1:{self.port}/whip/e2e", [BeepAudioTrack(timeline), self.video],
+            capture_start_ns=timeline.start_house_ns, ice_addresses=("127.0.0.1",),
+        )
+        self.joined = await self.session.joined()
+
+    async def post_cue(self, start_ns: int, end_ns: int, text: str) -> int:
+        import aiohttp
+
+        body = {"timebase": "house_ns", "lang": "en",
+                "cues": [{"id": "probe", "start": start_ns, "end": end_ns, "text": text}]}
+        async with aiohttp.ClientSession() as http, http.post(
+            f"http://127.0.0.1:{self.port}/api/streams/e2e/captions", json=body
+        ) as resp:
+            return resp.status
+
+    async def _stop(self) -> None:
+        await self.session.close()
+        await self.runner.cleanup()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def main() -> None:
+    service = Service()
+    service.thread.start()
+    if not service.ready.wait(20):
+        raise SystemExit("service did not start")
+    from playwright.sync_api import sync_playwright
+
+    result: dict[str, Any] = {"joined": service.joined is not None}
+    with BROWSER_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.goto(f"http://127.0.0.1:{service.port}/?stream=e2e")
+            page.wait_for_function("() => window.sfuViewer !== undefined", timeout=10000)
+            page.evaluate(RECORD_JS)
+            # A cue for the frames captured 1.5 s to 3 s from now: the page must show it
+            # exactly while those frames are on screen.
+            now = time.time_ns()
+            cue = (now + 1_500_000_000, now + 3_000_000_000)
+            status = asyncio.run_coroutine_threadsafe(
+                service.post_cue(*cue, CUE_TEXT), service.loop).result(timeout=10)
+            result["cue"] = {"status": status, "start": cue[0], "end": cue[1]}
+            time.sleep(WATCH_S)
+            result["frames"] = page.evaluate("() => window.probeFrames")
+            result["stats"] = page.evaluate("() => window.sfuViewer.stats")
+            result["caption"] = page.evaluate(
+                "() => document.getElementById('caption').textContent")
+            browser.close()
+    assert service.video is not None
+    result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}
+    service.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

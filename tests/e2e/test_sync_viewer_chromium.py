@@ -1,0 +1,62 @@
+"""The viewer page in Chromium maps presented frames to their true capture time (issue: sync).
+
+``requestVideoFrameCallback`` gives each presented frame's ``rtpTimestamp``; the page maps it to
+a capture time through the relay's ``sync`` records. The synthetic publisher knows every frame's
+true capture time and the page reads the frame number off the pixels, so the two are compared
+frame by frame.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import CHROMIUM, ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.netns]
+
+TOLERANCE_NS = 1_000_000
+CUE_TEXT = "caption on capture time"
+
+
+def test_presented_frames_map_to_their_true_capture_time() -> None:
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"Chromium not found at {CHROMIUM}: install the 'chromium' package")
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        pytest.skip("needs root and unshare to make a loopback-only network namespace")
+    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.sync_viewer_probe"
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["joined"], "the publisher did not join the house clock"
+    frames = result["frames"]
+    truth = {int(n): ns for n, ns in result["capture_log"].items()}
+    assert len(frames) >= 60, result["stats"]
+    mapped = [f for f in frames if f["capture"] is not None]
+    share = len(mapped) / len(frames)
+    errors = []
+    for f in mapped:
+        assert f["n"] in truth, f"frame number {f['n']} read off the pixels is unknown"
+        errors.append(abs(int(f["capture"]) - truth[f["n"]]))
+    errors.sort()
+    print(f"\nChromium viewer: {len(frames)} presented, {share:.1%} mapped, "
+          f"|error| median {errors[len(errors) // 2] / 1e3:.1f} us, max {errors[-1] / 1e3:.1f} us")
+    assert share >= 0.95
+    assert errors[-1] <= TOLERANCE_NS, errors[-10:]
+    # The caption shows exactly on the frames captured in its interval, and on no other.
+    cue = result["cue"]
+    assert cue["status"] in (200, 201)
+    inside = [f for f in mapped if cue["start"] <= int(f["capture"]) < cue["end"]]
+    assert len(inside) >= 30  # 1.5 s of 30 fps video, most of it presented
+    for f in mapped:
+        expected = CUE_TEXT if cue["start"] <= int(f["capture"]) < cue["end"] else ""
+        assert f["caption"] == expected, (f, cue)
