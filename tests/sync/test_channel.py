@@ -20,7 +20,10 @@ from aiohttp.test_utils import TestServer
 from sfu_sidecar.app import SERVICES_KEY, build_app
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
+from sfu_sidecar.relay import rtcp
+from sfu_sidecar.relay.hooks import SenderReport
 from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.sync.mapping import ntp_to_unix_ns
 from sfu_sidecar.sync.wire import (
     AnchorRecord,
     Batch,
@@ -133,9 +136,22 @@ async def decoded_frames(peer: Peer, count: int) -> list[tuple[int, int]]:
     return out
 
 
+def sender_reports(peer: Peer) -> list[tuple[int, SenderReport]]:
+    out = []
+    for data in peer.rtcp_received:
+        for message in rtcp.parse_compound(data):
+            if isinstance(message, rtcp.SenderReportPacket):
+                out.append((message.ssrc, message.info))
+    return out
+
+
 def _video_ssrc(peer: Peer) -> int:
-    # The relay's answer announces each track's SSRC; the video one is in the video m-section.
-    section = peer.answer.split("m=video", 1)[1].split("m=", 1)[0]
+    return _ssrc(peer, "video")
+
+
+def _ssrc(peer: Peer, kind: str) -> int:
+    # The relay's answer announces each track's SSRC in its m-section.
+    section = peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0]
     ssrc_line = next(line for line in section.splitlines() if line.startswith("a=ssrc:"))
     return int(ssrc_line.split()[0].split(":")[1])
 
@@ -181,6 +197,15 @@ async def test_every_viewer_frame_maps_to_its_true_capture_time(
             for capture in audio:
                 phase = (capture - timeline.start_house_ns) % 20_000_000
                 assert min(phase, 20_000_000 - phase) <= TOLERANCE_NS
+
+            # Sender reports to the viewer are rebuilt from capture time: the NTP field is the
+            # capture time of the RTP timestamp they carry, for audio and video alike.
+            await wait_for(lambda: len(sender_reports(viewer)) >= 4, 5, "sender reports")
+            by_ssrc = {_ssrc(viewer, "video"): video_track, _ssrc(viewer, "audio"): audio_track}
+            for ssrc, report in sender_reports(viewer)[-4:]:
+                anchor = records.current[by_ssrc[ssrc]]
+                expected = anchor.capture_of(report.rtp_timestamp)
+                assert abs(ntp_to_unix_ns(report.ntp_timestamp) - expected) <= TOLERANCE_NS
 
             # The epoch (first frame's capture time) reached the viewer as a control message.
             epochs = [c for c in records.controls if isinstance(c, Epoch)]
