@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,17 +40,28 @@ class Services:
 SERVICES_KEY = web.AppKey("services", Services)
 
 
+def house_clock(app: web.Application) -> Callable[[], int]:
+    """The application's house-time reader (the clock component's, or the host clock)."""
+    for component in app[SERVICES_KEY].components:
+        now_ns = getattr(component, "now_ns", None)
+        if component.name == "clock" and callable(now_ns):
+            return now_ns  # type: ignore[no-any-return]
+    return time.time_ns
+
+
 def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     """Every component in start order. Later components may depend on earlier ones."""
     from sfu_sidecar.captions.service import CaptionService
+    from sfu_sidecar.clock.service import ClockService
     from sfu_sidecar.relay import RelayService
     from sfu_sidecar.sync.channel import SyncService
 
-    now_ns = time.time_ns
+    clock = ClockService(settings, metrics)
+    now_ns = clock.now_ns  # house time: every timestamp stored or sent comes from here
     captions = CaptionService(settings, metrics, now_ns)
     relay = RelayService(settings, metrics, now_ns=now_ns)
     sync = SyncService(relay, metrics, now_ns=now_ns, captions=captions)
-    return [captions, relay, sync]
+    return [clock, captions, relay, sync]
 
 
 async def _healthz(request: web.Request) -> web.Response:

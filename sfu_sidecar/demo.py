@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Callable
 from fractions import Fraction
 
@@ -88,11 +87,13 @@ class Broadcaster:
 
 async def _demo(settings: Settings) -> None:
     ready = asyncio.Event()
-    server = asyncio.create_task(app.serve(settings, ready=ready))
+    application = app.build_app(settings)
+    server = asyncio.create_task(app.serve(settings, ready=ready, app=application))
     await ready.wait()
     host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    # The broadcaster stamps capture times on the house clock it runs beside.
     broadcaster = Broadcaster(f"http://{host}:{settings.port}", settings.publish_token,
-                              time.time_ns)
+                              app.house_clock(application))
     task = asyncio.create_task(broadcaster.run())
     log.info("demo running: open http://%s:%d/ to watch stream %r", host, settings.port, STREAM)
     done, _ = await asyncio.wait({server, task}, return_when=asyncio.FIRST_COMPLETED)
