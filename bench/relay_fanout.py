@@ -221,11 +221,14 @@ def run_viewers(url: str, count: int, start_at: float, seconds: float) -> None:
 
 
 def run_server(mode: str, port: int) -> None:
+    import tempfile
+
     from aiohttp import web
 
     from sfu_sidecar.config import load_settings
 
-    settings = load_settings({"ice_addresses": "127.0.0.1", "publisher_timeout_s": "600"})
+    settings = load_settings({"ice_addresses": "127.0.0.1", "publisher_timeout_s": "600",
+                              "data_dir": tempfile.mkdtemp(prefix="sfu-sidecar-bench-")})
     cpu_mark = [time.process_time(), time.monotonic()]
 
     async def stats(request: web.Request) -> web.Response:
@@ -245,12 +248,13 @@ def run_server(mode: str, port: int) -> None:
 
     relay = None
     if mode == "relay":
-        from sfu_sidecar.app import build_app
-        from sfu_sidecar.metrics import Metrics
+        from sfu_sidecar.app import SERVICES_KEY, build_app
         from sfu_sidecar.relay import RelayService
 
-        relay = RelayService(settings, Metrics())
-        app = build_app(settings, components=[relay])
+        # The whole product (house clock, captions, sync metadata per viewer), not the relay
+        # alone: what a deployment pays per viewer.
+        app = build_app(settings)
+        relay = next(c for c in app[SERVICES_KEY].components if isinstance(c, RelayService))
     else:
         app = _mediarelay_app()
     app.router.add_get("/bench/stats", stats)
