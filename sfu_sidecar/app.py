@@ -59,7 +59,7 @@ def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     clock = ClockService(settings, metrics)
     now_ns = clock.now_ns  # house time: every timestamp stored or sent comes from here
     captions = CaptionService(settings, metrics, now_ns)
-    relay = RelayService(settings, metrics, now_ns=now_ns)
+    relay = RelayService(settings, metrics, now_ns=now_ns, media_clock=clock.sdp_attributes)
     sync = SyncService(relay, metrics, now_ns=now_ns, captions=captions)
     return [clock, captions, relay, sync]
 

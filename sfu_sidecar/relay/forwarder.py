@@ -102,6 +102,8 @@ class ViewerOutput:
         self.transmit: Callable[[bytes], None] | None = None
         self.observers: list[PacketObserver] = []
         self.sender_report_rewriter: SenderReportRewriter | None = None
+        # Set when the answer announced a=mediaclk:direct=0 (house clock locked to PTP).
+        self.media_clock_rate: int | None = None
         self._xlate_epoch = -1
         self._xlate: dict[int, int] = {}
         self._ext_signature: object = None
@@ -116,7 +118,11 @@ class ViewerOutput:
     def ssrc(self) -> int:
         return self.config.ssrc
 
-    def _start(self, seq: int, timestamp: int) -> None:
+    def _start(self, seq: int, timestamp: int, now_ns: int) -> None:
+        if self.media_clock_rate is not None:
+            # RFC 7273 "direct" media clock: the viewer's RTP time is the reference clock's
+            # time in clock-rate units (offset 0), from this packet on.
+            self._ts_base = now_ns * self.media_clock_rate // 1_000_000_000
         self.seq_offset = (self._seq_base - seq) & 0xFFFF
         self.ts_offset = (self._ts_base - timestamp) & 0xFFFFFFFF
         self.started = True
@@ -295,7 +301,7 @@ class TrackForwarder:
             if not output.started:
                 if self.kind == "video" and not keyframe:
                     continue  # nothing before a keyframe is decodable for a new viewer
-                output._start(seq, ts)
+                output._start(seq, ts, now_ns)
             out.append((output, output.render(entry, uris, now_ns, blocks)))
             output.packets_sent += 1
             output.octets_sent += len(entry.payload)

@@ -134,6 +134,21 @@ def check_offer(desc: Description, *, publishing: bool) -> None:
             )
 
 
+def add_media_attributes(text: str, lines: list[str]) -> str:
+    """``lines`` (``a=...``, no CRLF) appended to every audio and video m-section."""
+    out: list[str] = []
+    in_media = False
+    for line in text.splitlines():
+        if line.startswith("m="):
+            if in_media:
+                out.extend(lines)
+            in_media = line.startswith(("m=audio", "m=video"))
+        out.append(line)
+    if in_media:
+        out.extend(lines)
+    return "\r\n".join(out) + "\r\n"
+
+
 def strip_mdns_candidates(text: str) -> tuple[str, int]:
     """Drop ``a=candidate`` lines with ``.local`` hosts: we never resolve mDNS by multicast."""
     kept = []

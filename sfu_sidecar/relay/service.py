@@ -47,8 +47,12 @@ class RelayService:
         now_ns: Callable[[], int] = time.time_ns,
         header_extensions: Sequence[tuple[str, str]] = DEFAULT_HEADER_EXTENSIONS,
         observers: Iterable[RelayObserver] = (),
+        media_clock: Callable[[int], list[str]] | None = None,
     ) -> None:
         self.settings = settings
+        # RFC 7273 lines for viewer answers (ClockService.sdp_attributes): non-empty only while
+        # the house clock is locked to PTP; viewers' RTP time then follows the house clock.
+        self.media_clock = media_clock
         self.metrics = metrics
         self.now_ns = now_ns
         self.header_extensions = tuple(header_extensions)
@@ -91,7 +95,8 @@ class RelayService:
 
     async def view(self, name: str, offer: str) -> ViewerSession:
         stream = self.rooms.get_or_create(name)
-        session = ViewerSession(stream, self.settings, self.now_ns, self.observers)
+        session = ViewerSession(stream, self.settings, self.now_ns, self.observers,
+                                media_clock=self.media_clock)
         stream.viewer_added(session)
         try:
             await session.negotiate(offer)

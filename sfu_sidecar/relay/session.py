@@ -447,8 +447,11 @@ class ViewerSession:
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
+        *,
+        media_clock: Callable[[int], list[str]] | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
+        self.media_clock = media_clock
         self.stream = stream
         self.settings = settings
         self.now_ns = now_ns
@@ -528,6 +531,11 @@ class ViewerSession:
                 seq_base=seq_rng.randrange(0x8000), ts_base=seq_rng.getrandbits(32),
             )
             self.stream.forwarder(m.kind, codecs[m.kind])
+        clock_lines = self.media_clock(0) if self.media_clock is not None else []
+        if clock_lines:
+            for m in answer.media:
+                self.tracks[m.kind].media_clock_rate = m.primary.clock_rate
+            answer_text = sdpmod.add_media_attributes(answer_text, clock_lines)
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
         return answer_text

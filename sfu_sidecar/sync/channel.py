@@ -233,11 +233,15 @@ class SyncService(RelayObserver):
         self, entry: _Viewer, stream: str, kind: str
     ) -> Callable[[PacketInfo, int], None]:
         def observe(packet: PacketInfo, viewer_ts: int) -> None:
+            # Runs per packet per viewer: return early for everything but a frame's first
+            # packet (anchors change only with a frame, and a record is one per frame).
             pub = self.publishers.get(stream)
             if pub is None:
                 return
             last = pub.last.get(kind)
-            if last is None or last[0] != packet.ssrc or last[1] != packet.sequence_number:
+            if last is None or not last[2].first_packet:
+                return
+            if last[0] != packet.ssrc or last[1] != packet.sequence_number:
                 return  # not the packet just mapped (a retransmission): nothing new to say
             mapping = pub.sync.tracks.get(kind)
             if mapping is None:

@@ -1,4 +1,4 @@
-"""The application with only the house clock, served on a Unix socket.
+"""The application with the house clock and the relay, served on a Unix socket.
 
 Run inside a network namespace (``ip netns exec``), a Unix socket is the one way a test in the
 root namespace can reach it. Usage: ``clock_server.py UNIX_PATH HOLDOVER_S NTP_POLL_S [flags]``
@@ -20,6 +20,7 @@ from sfu_sidecar.app import build_app
 from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import flags_for_argparse, settings_from_namespace
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.relay import RelayService
 
 
 async def main(argv: list[str]) -> None:
@@ -34,7 +35,10 @@ async def main(argv: list[str]) -> None:
     logs.configure("info", "text")
     clock = ClockService(settings, Metrics(), holdover_s=args.holdover_s,
                          ntp_poll_s=args.ntp_poll_s)
-    app = build_app(settings, components=[clock])
+    # The relay takes its time and RFC 7273 lines from the clock, as in the full application.
+    relay = RelayService(settings, Metrics(), now_ns=clock.now_ns,
+                         media_clock=clock.sdp_attributes)
+    app = build_app(settings, components=[clock, relay])
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.UnixSite(runner, args.unix)

@@ -125,6 +125,15 @@ class ClockServer:
         finally:
             conn.close()
 
+    def post(self, path: str, body: str, content_type: str) -> tuple[int, str]:
+        conn = _UnixHTTPConnection(self.path)
+        try:
+            conn.request("POST", path, body=body.encode(), headers={"Content-Type": content_type})
+            resp = conn.getresponse()
+            return resp.status, resp.read().decode()
+        finally:
+            conn.close()
+
     def close(self) -> None:
         PtpNet.stop(self.proc)
 

@@ -6,6 +6,8 @@ the other namespace on the veth peer. chronyd runs in the product's namespace on
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import subprocess
 import sys
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiortc import RTCPeerConnection
 
 from tests.interop.ptpnet import PtpNet
 
@@ -56,6 +59,22 @@ def check_trail(trail: list[dict[str, Any]], max_slew_ppm: float) -> float:
     return steepest
 
 
+def viewer_offer() -> str:
+    """A WHEP viewer's SDP offer from aiortc, made on a worker thread (see ClockServer)."""
+
+    async def make() -> str:
+        pc = RTCPeerConnection()
+        pc.addTransceiver("audio", direction="recvonly")
+        pc.addTransceiver("video", direction="recvonly")
+        await pc.setLocalDescription(await pc.createOffer())
+        sdp = str(pc.localDescription.sdp)
+        await pc.close()
+        return sdp
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, make()).result(timeout=30)
+
+
 def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: Any,
                                          clock_server_factory: Any) -> None:
     master = ptpnet.start_master(N_NS)
@@ -81,6 +100,14 @@ def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: Any,
     assert locked["ntp"]["server"] == f"127.0.0.1:{chrony.port}"
     assert locked["sdp"] == [f"a=ts-refclk:ptp=IEEE1588-2008:{ptp['grandmaster']}:0",
                              "a=mediaclk:direct=0"]
+
+    # While locked, WHEP answers carry the RFC 7273 lines in every media section.
+    status, answer = server.post("/whep/refclk", viewer_offer(), "application/sdp")
+    assert status == 201, answer
+    for section in answer.split("\r\nm=")[1:]:
+        if section.startswith(("audio", "video")):
+            assert f"a=ts-refclk:ptp=IEEE1588-2008:{ptp['grandmaster']}:0" in section
+            assert "a=mediaclk:direct=0" in section
 
     # Settled: two seconds of samples, the median within 10 us of N (typically ~1 us).
     settled = []

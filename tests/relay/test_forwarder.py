@@ -186,3 +186,20 @@ def test_sender_report_moves_the_publishers_pair_into_viewer_time() -> None:
     fw.note_sender_report(0xBBBB, SenderReport(1, 1, 1, 1))  # not the current source: ignored
     sr = fw.sender_report_for(v)
     assert sr == SenderReport(0xABCDEF, 50_000 + 90_000, 1, len(KEY))
+
+
+def test_direct_media_clock_ties_viewer_rtp_time_to_the_reference_clock() -> None:
+    # RFC 7273 a=mediaclk:direct=0: RTP time = reference time x clock rate (mod 2^32).
+    fw = forwarder("video")
+    direct = output("direct")
+    direct.media_clock_rate = 90000
+    plain = output("plain", ts_base=1234)
+    fw.add_output(direct)
+    fw.add_output(plain)
+    now = 1_796_000_000_123_456_789
+    first = sent(fw, pkt(10, 5000, KEY), now)
+    assert first["direct"].timestamp == (now * 90000 // 1_000_000_000) & 0xFFFFFFFF
+    assert first["plain"].timestamp == 1234
+    # Later packets keep the RTP clock: +3000 ticks per 1/30 s, whatever the send time.
+    later = sent(fw, pkt(11, 8000), now + 7_000_000)
+    assert later["direct"].timestamp == (first["direct"].timestamp + 3000) & 0xFFFFFFFF

@@ -104,3 +104,17 @@ def test_trickle_fragment() -> None:
         sdp.parse_trickle("a=candidate:garbage")
     with pytest.raises(BadInput):
         sdp.parse_trickle("hello")
+
+
+def test_media_attributes_go_into_every_audio_and_video_section() -> None:
+    text = ("v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\ns=-\r\nt=0 0\r\nm=audio 9 UDP/TLS/RTP/SAVPF 96\r\n"
+            "a=mid:0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=mid:2\r\n"
+            "m=video 9 UDP/TLS/RTP/SAVPF 97\r\na=mid:1\r\n")
+    out = sdp.add_media_attributes(text, ["a=ts-refclk:ptp=IEEE1588-2008:00-11:0",
+                                          "a=mediaclk:direct=0"])
+    sections = out.split("\r\nm=")
+    assert "a=mediaclk:direct=0" not in sections[0]  # session level untouched
+    audio, application, video = sections[1:]
+    assert audio.endswith("a=mid:0\r\na=ts-refclk:ptp=IEEE1588-2008:00-11:0\r\na=mediaclk:direct=0")
+    assert "mediaclk" not in application
+    assert video.endswith("a=mediaclk:direct=0\r\n")
