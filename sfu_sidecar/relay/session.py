@@ -144,6 +144,7 @@ class PublisherSession:
         self.observers = observers
         self.pc = RTCPeerConnection(rtc_configuration())
         self.tracks: list[PublisherTrack] = []
+        self.answer_sdp = ""  # what the WHIP response carries (set by negotiate)
         self.data_channels: dict[str, RTCDataChannel] = {}
         self.counters = SessionCounters()
         self.state = "new"
@@ -217,7 +218,8 @@ class PublisherSession:
         log.info("publisher %s on %s: %s (%d mDNS candidates dropped)", self.id[:8],
                  self.stream.name, ", ".join(f"{t.kind} {t.codec.name}" for t in self.tracks),
                  dropped)
-        return str(answer_text)
+        self.answer_sdp = str(answer_text)
+        return self.answer_sdp
 
     async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
         sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
@@ -458,6 +460,7 @@ class ViewerSession:
         self.observers = observers
         self.pc = RTCPeerConnection(rtc_configuration())
         self.tracks: dict[str, ViewerOutput] = {}
+        self.answer_sdp = ""  # what the WHEP response carries (set by negotiate)
         self.data_channels: dict[str, RTCDataChannel] = {}
         self.accepts_data_channel = False
         self.state = "new"
@@ -538,6 +541,7 @@ class ViewerSession:
             answer_text = sdpmod.add_media_attributes(answer_text, clock_lines)
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
+        self.answer_sdp = answer_text
         return answer_text
 
     async def add_candidates(self, trickle: sdpmod.Trickle) -> None:

@@ -98,7 +98,7 @@ class WhipRoutes:
             session = await self.service.view(name, offer)
         kind = "whip" if publishing else "whep"
         location = f"/{kind}/{quote(name)}/{session.id}"
-        answer = session.pc.localDescription.sdp
+        answer = session.answer_sdp
         response = web.Response(
             status=201,
             body=answer.encode(),
