@@ -16,10 +16,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from sfu_sidecar.relay.hooks import (
+    ABS_CAPTURE_TIME,
     ABS_SEND_TIME,
     SDES_MID,
     PacketInfo,
     PacketObserver,
+    PacketWriter,
     SenderReport,
     SenderReportRewriter,
 )
@@ -42,6 +44,9 @@ CACHE_SIZE = 1024
 # One keyframe request upstream per track per 500 ms at most: an encoder asked more often just
 # produces keyframes back to back (and aiortc's encoder honours every request).
 KEYFRAME_INTERVAL_NS = 500_000_000
+# Header extensions a publisher-level hook may write into every copy (the sync feature writes
+# abs-capture-time in house time), with the pseudo-id used when the publisher lacks them.
+RELAY_WRITTEN = {ABS_CAPTURE_TIME: 256}
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,16 +233,25 @@ class TrackForwarder:
         self._keyframe_pending = False
         self._last_keyframe_request_ns: int | None = None
         self.last_sender_report: SenderReport | None = None
+        self._ids: dict[int, dict[str, int]] = {}  # epoch -> uri -> publisher (or pseudo) id
 
     # --- publisher side -------------------------------------------------------------------
 
     def set_source(self, extension_uris: Mapping[int, str], codec: str, clock_rate: int) -> None:
         """A (new) publisher session feeds this track: its first packet continues the track."""
         self._epoch += 1
-        self._uris[self._epoch] = dict(extension_uris)
+        uris = dict(extension_uris)
+        # Extensions the relay itself may write (hooks.PacketWriter) get a pseudo-id when the
+        # publisher did not negotiate them: above 255, never a wire id, only a key here.
+        for uri, pseudo in RELAY_WRITTEN.items():
+            if uri not in uris.values():
+                uris[pseudo] = uri
+        self._uris[self._epoch] = uris
+        self._ids[self._epoch] = {uri: pid for pid, uri in uris.items()}
         # Keep only the maps cached packets can still refer to.
         live = {p.epoch for p in self._cache if p is not None} | {self._epoch}
         self._uris = {e: u for e, u in self._uris.items() if e in live}
+        self._ids = {e: u for e, u in self._ids.items() if e in live}
         self.codec = codec.lower()
         self.clock_rate = clock_rate
         self._awaiting_source = True
@@ -262,12 +276,13 @@ class TrackForwarder:
 
     def push(
         self, pkt: RtpPacket, arrival_ns: int, now_ns: int,
-        on_packet: Callable[[PacketInfo], None] | None = None,
+        on_packet: PacketWriter | None = None,
     ) -> list[tuple[ViewerOutput, bytes]]:
         """Cache one publisher packet and return what each started viewer must be sent.
 
         ``on_packet`` sees the packet once, before any viewer's observers do (publisher-level
-        state such as the capture-time mapping is then current for all of them).
+        state such as the capture-time mapping is then current for all of them); header
+        extension values it returns (by URI) replace or join the publisher's in every copy.
         """
         if pkt.ssrc != self._source_ssrc:
             if not self._awaiting_source:
@@ -277,8 +292,16 @@ class TrackForwarder:
         seq = (pkt.sequence_number + self._seq_delta) & 0xFFFF
         ts = (pkt.timestamp + self._ts_delta) & 0xFFFFFFFF
         keyframe = self.kind == "video" and is_keyframe_start(self.codec, pkt.payload)
+        uris = self._uris[self._epoch]
+        info: PacketInfo | None = None
+        extensions = pkt.extensions
+        if on_packet is not None:
+            info = self._info(pkt, keyframe, arrival_ns, uris)
+            written = on_packet(info)
+            if written:
+                extensions = self._write_extensions(extensions, written)
         entry = CachedPacket(
-            seq, ts, pkt.timestamp, pkt.marker, keyframe, pkt.payload, pkt.extensions,
+            seq, ts, pkt.timestamp, pkt.marker, keyframe, pkt.payload, extensions,
             pkt.csrcs, self._epoch, arrival_ns,
         )
         self._cache[seq % CACHE_SIZE] = entry
@@ -290,11 +313,6 @@ class TrackForwarder:
             self._last_seq = seq
             self._last_ts = ts
             self._last_arrival_ns = arrival_ns
-        uris = self._uris[self._epoch]
-        info: PacketInfo | None = None
-        if on_packet is not None:
-            info = self._info(pkt, keyframe, arrival_ns, uris)
-            on_packet(info)
         blocks: dict[object, bytes] = {}
         out: list[tuple[ViewerOutput, bytes]] = []
         for output in self.outputs:
@@ -316,6 +334,14 @@ class TrackForwarder:
                         output.observer_errors += 1
                         output.last_observer_error = exc
         return out
+
+    def _write_extensions(
+        self, extensions: RtpExtensions, written: Mapping[str, bytes]
+    ) -> RtpExtensions:
+        ids = self._ids[self._epoch]
+        replaced = {ids[uri]: value for uri, value in written.items() if uri in ids}
+        kept = tuple((i, v) for i, v in extensions if i not in replaced)
+        return kept + tuple(replaced.items())
 
     def _info(
         self, pkt: RtpPacket, keyframe: bool, arrival_ns: int, uris: Mapping[int, str]

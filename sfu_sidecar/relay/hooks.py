@@ -77,6 +77,8 @@ class PacketInfo:
 
 
 PacketObserver = Callable[[PacketInfo, int], None]
+# Publisher-level hook: may return header-extension values (by URI) to write into every copy.
+PacketWriter = Callable[[PacketInfo], Mapping[str, bytes] | None]
 SenderReportRewriter = Callable[[SenderReport | None], SenderReport | None]
 
 
@@ -86,9 +88,14 @@ class RelayObserver:
     def publisher_sender_report(self, stream: str, kind: str, report: SenderReport) -> None:
         """An RTCP SR from the publisher of ``stream`` for its ``kind`` track."""
 
-    def publisher_packet(self, stream: str, publisher_id: str, packet: PacketInfo) -> None:
+    def publisher_packet(
+        self, stream: str, publisher_id: str, packet: PacketInfo
+    ) -> Mapping[str, bytes] | None:
         """One RTP packet of ``stream``'s publisher (RTX unwrapped), before any viewer's
-        observers see it. Called only for observers that override it."""
+        observers see it. Called only for observers that override it. May return header
+        extension values by URI (only those in forwarder.RELAY_WRITTEN, or ones the publisher
+        negotiated) to write into the copies every viewer gets."""
+        return None
 
     def publisher_connected(self, publisher: PublisherSession) -> None:
         """The publisher's transport is up. Channels it opened appear in

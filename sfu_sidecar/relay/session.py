@@ -13,7 +13,7 @@ import random
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -307,12 +307,17 @@ class PublisherSession:
                 output.send_errors += 1
         self.counters.latency_ns.append(time.perf_counter_ns() - started)
 
-    def _publisher_packet(self, info: PacketInfo) -> None:
+    def _publisher_packet(self, info: PacketInfo) -> Mapping[str, bytes] | None:
+        written: dict[str, bytes] = {}
         for observer in self._packet_observers:
             try:
-                observer.publisher_packet(self.stream.name, self.id, info)
+                values = observer.publisher_packet(self.stream.name, self.id, info)
             except Exception:  # a broken observer must not stop forwarding
                 self.counters.observer_errors += 1
+                continue
+            if values:
+                written.update(values)
+        return written
 
     def _feed_remb(self, track: PublisherTrack, pkt: RtpPacket, arrival_ms: int) -> None:
         ext_id = track.extensions.get(ABS_SEND_TIME)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -25,9 +25,9 @@ from aiohttp import web
 from sfu_sidecar import logs
 from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.metrics import Metrics
-from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver, SenderReport
+from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, PacketInfo, RelayObserver, SenderReport
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
-from sfu_sidecar.sync.mapping import CaptureTime
+from sfu_sidecar.sync.mapping import CaptureTime, build_abs_capture_time
 from sfu_sidecar.sync.wire import (
     ClockReport,
     ClockReq,
@@ -158,7 +158,9 @@ class SyncService(RelayObserver):
     def publisher_connected(self, publisher: PublisherSession) -> None:
         self._publisher_session(publisher.stream.name, publisher.id)
 
-    def publisher_packet(self, stream: str, publisher_id: str, packet: PacketInfo) -> None:
+    def publisher_packet(
+        self, stream: str, publisher_id: str, packet: PacketInfo
+    ) -> Mapping[str, bytes] | None:
         pub = self._publisher_session(stream, publisher_id)
         capture = pub.sync.on_packet(
             packet.kind, packet.ssrc, packet.timestamp, packet.arrival_ns, packet.clock_rate,
@@ -167,6 +169,9 @@ class SyncService(RelayObserver):
         pub.last[packet.kind] = (packet.ssrc, packet.sequence_number, capture)
         if packet.kind == "video" and self.captions is not None:
             self._maybe_fix_epoch(stream, pub, packet, capture)
+        # Every copy carries abs-capture-time in house time, whatever the publisher sent, so
+        # a browser's getSynchronizationSources() shows capture times on the house clock.
+        return {ABS_CAPTURE_TIME: build_abs_capture_time(capture.capture_ns)}
 
     def _maybe_fix_epoch(
         self, stream: str, pub: _Publisher, packet: PacketInfo, capture: CaptureTime

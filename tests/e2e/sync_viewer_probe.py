@@ -36,6 +36,7 @@ RECORD_JS = """
   const canvas = document.createElement('canvas');
   const ctx = canvas.getContext('2d', {willReadFrequently: true});
   window.probeFrames = [];
+  window.probeSources = [];
   window.sfuViewer.frameListeners.push((record, meta) => {
     const w = video.videoWidth;
     if (!w) return;
@@ -55,6 +56,15 @@ RECORD_JS = """
       estimated: track ? Boolean(track[1].estimated) : null,
       caption: document.getElementById('caption').textContent,
     });
+    // abs-capture-time as Chromium reports it for the last played frame.
+    const receiver = window.sfuViewer.session?.pc.getReceivers()
+      .find((r) => r.track.kind === 'video');
+    const src = receiver?.getSynchronizationSources()[0];
+    if (src && src.captureTimestamp !== undefined) {
+      window.probeSources.push({rtp: src.rtpTimestamp, captureTimestamp: src.captureTimestamp,
+        mapped: track ? String(window.sfuViewer.sync.captureOf(track[0], src.rtpTimestamp))
+                      : null});
+    }
   });
 }
 """
@@ -136,6 +146,7 @@ def main() -> None:
             time.sleep(WATCH_S)
             result["frames"] = page.evaluate("() => window.probeFrames")
             result["stats"] = page.evaluate("() => window.sfuViewer.stats")
+            result["sources"] = page.evaluate("() => window.probeSources")
             result["caption"] = page.evaluate(
                 "() => document.getElementById('caption').textContent")
             browser.close()

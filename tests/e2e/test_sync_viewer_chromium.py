@@ -1,4 +1,4 @@
-"""The viewer page in Chromium maps presented frames to their true capture time (issue: sync).
+"""The viewer page in Chromium maps presented frames to their true capture time.
 
 ``requestVideoFrameCallback`` gives each presented frame's ``rtpTimestamp``; the page maps it to
 a capture time through the relay's ``sync`` records. The synthetic publisher knows every frame's
@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
 TOLERANCE_NS = 1_000_000
 CUE_TEXT = "caption on capture time"
+NTP_EPOCH_UNIX_MS = 2_208_988_800_000  # 1900-01-01 to 1970-01-01
 
 
 def test_presented_frames_map_to_their_true_capture_time() -> None:
@@ -52,6 +53,14 @@ def test_presented_frames_map_to_their_true_capture_time() -> None:
           f"|error| median {errors[len(errors) // 2] / 1e3:.1f} us, max {errors[-1] / 1e3:.1f} us")
     assert share >= 0.95
     assert errors[-1] <= TOLERANCE_NS, errors[-10:]
+    # The relay writes abs-capture-time in house time into every packet; Chromium reports it
+    # in getSynchronizationSources() as whole milliseconds since the NTP epoch (1900).
+    sources = [x for x in result["sources"] if x["mapped"] is not None]
+    assert len(sources) >= 60
+    for x in sources:
+        reported_unix_ms = x["captureTimestamp"] - NTP_EPOCH_UNIX_MS
+        assert abs(reported_unix_ms - int(x["mapped"]) / 1e6) <= 1.0, x
+
     # The caption shows exactly on the frames captured in its interval, and on no other.
     cue = result["cue"]
     assert cue["status"] in (200, 201)

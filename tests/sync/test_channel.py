@@ -21,9 +21,9 @@ from sfu_sidecar.app import SERVICES_KEY, build_app
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.relay import rtcp
-from sfu_sidecar.relay.hooks import SenderReport
+from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, SenderReport
 from sfu_sidecar.sync.channel import SyncService
-from sfu_sidecar.sync.mapping import ntp_to_unix_ns
+from sfu_sidecar.sync.mapping import AbsCaptureTime, ntp_to_unix_ns
 from sfu_sidecar.sync.wire import (
     AnchorRecord,
     Batch,
@@ -198,6 +198,22 @@ async def test_every_viewer_frame_maps_to_its_true_capture_time(
                 phase = (capture - timeline.start_house_ns) % 20_000_000
                 assert min(phase, 20_000_000 - phase) <= TOLERANCE_NS
 
+            # Every packet carries abs-capture-time in house time: the same capture time as
+            # the records give its frame.
+            ext_id = _extension_id(viewer, "video", ABS_CAPTURE_TIME)
+            stamped = 0
+            for packet in viewer.received:
+                if packet.ssrc != _ssrc(viewer, "video"):
+                    continue
+                value = dict(packet.extensions).get(ext_id)
+                assert value is not None
+                found = records.frame(video_track, packet.timestamp)
+                if found is not None and not found[2]:
+                    stamped_ns = ntp_to_unix_ns(AbsCaptureTime.parse(value).capture_ntp)
+                    assert abs(stamped_ns - found[0]) <= 1_000  # NTP Q32.32 rounding
+                    stamped += 1
+            assert stamped > 50
+
             # Sender reports to the viewer are rebuilt from capture time: the NTP field is the
             # capture time of the RTP timestamp they carry, for audio and video alike.
             await wait_for(lambda: len(sender_reports(viewer)) >= 4, 5, "sender reports")
@@ -275,6 +291,12 @@ async def test_captions_reach_viewers_on_the_channel(
         finally:
             await viewer.close()
             await publisher.close()
+
+
+def _extension_id(peer: Peer, kind: str, uri: str) -> int:
+    section = peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0]
+    line = next(x for x in section.splitlines() if x.startswith("a=extmap:") and uri in x)
+    return int(line.split(":", 1)[1].split()[0].split("/")[0])
 
 
 def _mid(peer: Peer, kind: str) -> str:

@@ -31,6 +31,20 @@ export function parseIceServerLinks(header) {
   return servers;
 }
 
+export const ABS_CAPTURE_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time";
+
+// Chromium lists abs-capture-time as "stopped" by default; asking for it makes the relay write
+// house capture times into every packet, which getSynchronizationSources() then reports.
+export function negotiateAbsCaptureTime(transceiver) {
+  if (typeof transceiver.getHeaderExtensionsToNegotiate !== "function") return false;
+  const exts = transceiver.getHeaderExtensionsToNegotiate();
+  if (!exts.some((e) => e.uri === ABS_CAPTURE_TIME)) return false;
+  transceiver.setHeaderExtensionsToNegotiate(
+    exts.map((e) => (e.uri === ABS_CAPTURE_TIME ? { uri: e.uri, direction: "recvonly" } : e)),
+  );
+  return true;
+}
+
 export class WhepSession {
   constructor(pc, resourceUrl, token) {
     this.pc = pc;
@@ -62,8 +76,9 @@ export async function connectWhep(endpoint, { token, onTrack, onSyncChannel, ice
     // OPTIONS is optional (RFC 9725 §4.4); go without STUN/TURN
   }
   const pc = new RTCPeerConnection({ iceServers, bundlePolicy: "max-bundle" });
-  pc.addTransceiver("audio", { direction: "recvonly" });
-  pc.addTransceiver("video", { direction: "recvonly" });
+  for (const kind of ["audio", "video"]) {
+    negotiateAbsCaptureTime(pc.addTransceiver(kind, { direction: "recvonly" }));
+  }
   if (onTrack) pc.addEventListener("track", onTrack);
   const sync = pc.createDataChannel("sync", { ordered: false, maxRetransmits: 0 });
   sync.binaryType = "arraybuffer";
