@@ -203,3 +203,22 @@ def test_direct_media_clock_ties_viewer_rtp_time_to_the_reference_clock() -> Non
     # Later packets keep the RTP clock: +3000 ticks per 1/30 s, whatever the send time.
     later = sent(fw, pkt(11, 8000), now + 7_000_000)
     assert later["direct"].timestamp == (first["direct"].timestamp + 3000) & 0xFFFFFFFF
+
+
+def test_a_publisher_hook_writes_extensions_into_every_copy() -> None:
+    value = b"\x11" * 8
+    fw = forwarder("video")
+    fw.add_output(output("a"))
+    fw.add_output(output("b"))
+    out = {o.viewer_id: RtpPacket.parse(d)
+           for o, d in fw.push(pkt(1, 100, KEY), 0, 0, lambda info: {ABS_CAPTURE_TIME: value})}
+    for copy in out.values():
+        # Replaces the publisher's value (id 5 upstream) under the viewer's id 7.
+        assert dict(copy.extensions)[7] == value
+
+    # A publisher that never negotiated the extension: the relay still writes it.
+    bare = TrackForwarder("video", "vp8", 90000)
+    bare.set_source({1: SDES_MID}, "vp8", 90000)
+    bare.add_output(output("c"))
+    (_, data), = bare.push(pkt(1, 100, KEY), 0, 0, lambda info: {ABS_CAPTURE_TIME: value})
+    assert dict(RtpPacket.parse(data).extensions)[7] == value
