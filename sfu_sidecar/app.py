@@ -136,6 +136,16 @@ def install_event_loop_policy() -> str:
     return "uvloop"
 
 
+def stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM (on the running loop)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
 async def serve(
     settings: Settings,
     *,
@@ -150,11 +160,7 @@ async def serve(
     site = web.TCPSite(
         runner, settings.host, settings.port, shutdown_timeout=SHUTDOWN_BUDGET_S / 2
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await site.start()
         log.info(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 import sys
 
+from sfu_sidecar.app import stop_on_signals
 from sfu_sidecar.clock.service import ClockService, status_line
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import ConfigError
@@ -15,11 +15,7 @@ from sfu_sidecar.metrics import Metrics
 
 async def _run(settings: Settings, count: int) -> int:
     service = ClockService(settings, Metrics())
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
+    stop = stop_on_signals()
     try:
         await service.start()
     except ConfigError as exc:

@@ -127,7 +127,34 @@ class SessionCounters:
     latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
 
 
-class PublisherSession:
+class _PeerSession:
+    """What publisher and viewer sessions share: trickle ICE, data channels, observer calls."""
+
+    pc: RTCPeerConnection
+    ice_ufrag: str | None
+    ice_pwd: str | None
+    data_channels: dict[str, RTCDataChannel]
+    observers: list[RelayObserver]
+
+    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
+        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
+        for cand in trickle.candidates:
+            await self.pc.addIceCandidate(cand)
+
+    def _notify(self, hook: str, *args: Any) -> None:
+        """Call ``hook`` on every observer; one that raises is logged, the rest still run."""
+        for observer in self.observers:
+            try:
+                getattr(observer, hook)(*args)
+            except Exception:
+                log.exception("observer failed on %s", hook)
+
+    def _on_datachannel(self, channel: RTCDataChannel) -> None:
+        self.data_channels[channel.label] = channel
+        self._notify("data_channel", self, channel)
+
+
+class PublisherSession(_PeerSession):
     """A WHIP publisher: receives RTP/RTCP, feeds the stream's forwarders, reports upstream."""
 
     def __init__(
@@ -221,30 +248,13 @@ class PublisherSession:
         self.answer_sdp = str(answer_text)
         return self.answer_sdp
 
-    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
-        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
-        for cand in trickle.candidates:
-            await self.pc.addIceCandidate(cand)
-
-    def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        self.data_channels[channel.label] = channel
-        for observer in self.observers:
-            try:
-                observer.data_channel(self, channel)
-            except Exception:
-                log.exception("observer failed on data_channel")
-
     def _on_state(self) -> None:
         state = self.pc.connectionState
         self.state = state
         if state == "connected":
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
-            for observer in self.observers:
-                try:
-                    observer.publisher_connected(self)
-                except Exception:
-                    log.exception("observer failed on publisher_connected")
+            self._notify("publisher_connected", self)
         elif state in ("failed", "closed"):
             _later(self.close())
 
@@ -440,7 +450,7 @@ class PublisherSession:
         }
 
 
-class ViewerSession:
+class ViewerSession(_PeerSession):
     """A WHEP viewer: silenced aiortc senders whose packets the relay writes itself.
 
     Hook points for other features: :attr:`tracks` (kind -> :class:`ViewerOutput`, with
@@ -549,19 +559,6 @@ class ViewerSession:
         self.answer_sdp = answer_text
         return answer_text
 
-    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
-        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
-        for cand in trickle.candidates:
-            await self.pc.addIceCandidate(cand)
-
-    def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        self.data_channels[channel.label] = channel
-        for observer in self.observers:
-            try:
-                observer.data_channel(self, channel)
-            except Exception:
-                log.exception("observer failed on data_channel")
-
     def _on_state(self) -> None:
         state = self.pc.connectionState
         self.state = state
@@ -573,11 +570,7 @@ class ViewerSession:
                 output.transmit = self._send_rtp
             self.stream.viewer_connected(self)
             self._rtcp_task = asyncio.create_task(self._rtcp_loop(), name=f"viewer-{self.id[:8]}")
-            for observer in self.observers:
-                try:
-                    observer.viewer_connected(self)
-                except Exception:
-                    log.exception("observer failed on viewer_connected")
+            self._notify("viewer_connected", self)
         elif state in ("failed", "closed"):
             _later(self.close())
 
@@ -662,11 +655,7 @@ class ViewerSession:
         if self._rtcp_task is not None:
             self._rtcp_task.cancel()
         self.stream.viewer_closed(self)
-        for observer in self.observers:
-            try:
-                observer.viewer_closed(self)
-            except Exception:
-                log.exception("observer failed on viewer_closed")
+        self._notify("viewer_closed", self)
         await self.pc.close()
 
     def status(self) -> dict[str, Any]:
