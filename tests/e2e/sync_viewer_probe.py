@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from typing import Any
 
 from aiohttp import web
@@ -147,6 +148,10 @@ def main() -> None:
             result["frames"] = page.evaluate("() => window.probeFrames")
             result["stats"] = page.evaluate("() => window.sfuViewer.stats")
             result["sources"] = page.evaluate("() => window.probeSources")
+            page.evaluate("() => window.sfuViewer.sendTelemetry()")
+            time.sleep(0.5)
+            with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/sync") as resp:
+                result["sync_status"] = json.loads(resp.read())
             result["caption"] = page.evaluate(
                 "() => document.getElementById('caption').textContent")
             browser.close()

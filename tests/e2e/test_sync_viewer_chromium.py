@@ -61,6 +61,18 @@ def test_presented_frames_map_to_their_true_capture_time() -> None:
         reported_unix_ms = x["captureTimestamp"] - NTP_EPOCH_UNIX_MS
         assert abs(reported_unix_ms - int(x["mapped"]) / 1e6) <= 1.0, x
 
+    # The page reports its own mapping back over the channel (telemetry in /api/sync).
+    viewer = result["sync_status"]["viewers"][0]
+    telemetry = viewer["telemetry"]
+    assert telemetry is not None and telemetry["stream"] == "e2e"
+    assert telemetry["presented"] >= len(frames) * 0.9
+    assert telemetry["mapped"] >= telemetry["presented"] * 0.95
+    # ... and joined the house clock over it (same host clock: the offset is about zero).
+    report = viewer["clock_report"]
+    assert report is not None and abs(report["offset_ns"]) <= TOLERANCE_NS, report
+    print(f"sync traffic to the page: {viewer['messages_per_s']} messages/s, "
+          f"{viewer['bytes_per_s']} bytes/s")
+
     # The caption shows exactly on the frames captured in its interval, and on no other.
     cue = result["cue"]
     assert cue["status"] in (200, 201)

@@ -1,7 +1,8 @@
 // The viewer page: WHEP media + `sync` records -> capture time of the frame on screen -> captions.
 
 import { CueBook } from "./captions.js";
-import { parseMessage, SOURCES, SyncState } from "./syncwire.js";
+import { browserNowNs, ClockJoin, parseResponse, request } from "./clocksync.js";
+import { parseMessage, serializeMessage, SOURCES, SyncState } from "./syncwire.js";
 import * as ui from "./ui.js";
 import { connectWhep } from "./whep.js";
 
@@ -13,12 +14,43 @@ const sync = new SyncState();
 const book = new CueBook();
 const video = document.getElementById("video");
 const stats = { presented: 0, mapped: 0, badMessages: 0 };
+const TELEMETRY_INTERVAL_MS = 10000; // a few reports a minute: proto/sync.md "telemetry"
+let syncChannel = null;
+let reported = { presented: 0, mapped: 0, lost: 0 };
 // Exposed for the dashboard, debugging and end-to-end tests.
-window.sfuViewer = { stream, sync, book, stats, frames: [], frameListeners: [] };
+window.sfuViewer = { stream, sync, book, stats, frameListeners: [] };
 
 function trackIndexForMid(mid) {
   for (const [track, anchor] of sync.current) if (anchor.mid === mid) return track;
   return null;
+}
+
+// Clock join over the sync channel (proto/clock.md): the page learns house time, so its
+// telemetry is stamped on the house clock and the relay sees this viewer's offset.
+const clockJoin = new ClockJoin();
+const JOIN_ROUNDS = 8;
+const JOIN_SPACING_MS = 20;
+const REJOIN_MS = 60000;
+
+function sendControl(message) {
+  if (syncChannel !== null && syncChannel.readyState === "open") {
+    syncChannel.send(serializeMessage({ kind: "control", message }));
+  }
+}
+
+async function joinHouseClock() {
+  for (let i = 0; i < JOIN_ROUNDS; i++) {
+    sendControl(request(browserNowNs()));
+    await new Promise((done) => setTimeout(done, JOIN_SPACING_MS));
+  }
+  await new Promise((done) => setTimeout(done, 200)); // the last replies
+  const report = clockJoin.report();
+  if (report !== null) sendControl(report);
+}
+
+function houseNowNs() {
+  const best = clockJoin.best();
+  return browserNowNs() + (best === null ? 0n : best.offsetNs);
 }
 
 function onSyncMessage(event) {
@@ -30,7 +62,10 @@ function onSyncMessage(event) {
     console.warn("sync message dropped:", err.message);
     return;
   }
-  for (const control of sync.ingest(msg)) book.apply(control);
+  for (const control of sync.ingest(msg)) {
+    if (control.type === "clock_resp") clockJoin.response(parseResponse(control), browserNowNs());
+    else book.apply(control);
+  }
 }
 
 function onFrame(now, meta) {
@@ -53,6 +88,19 @@ function onFrame(now, meta) {
   video.requestVideoFrameCallback(onFrame);
 }
 
+// Tells the relay how well this viewer maps frames (shown per viewer in /api/sync).
+function sendTelemetry() {
+  if (syncChannel === null || syncChannel.readyState !== "open") return;
+  const now = { presented: stats.presented, mapped: stats.mapped, lost: sync.lostBatches };
+  const message = {
+    type: "telemetry", stream, t_ns: houseNowNs(),
+    presented: now.presented - reported.presented, mapped: now.mapped - reported.mapped,
+    lost_batches: now.lost - reported.lost,
+  };
+  syncChannel.send(serializeMessage({ kind: "control", message }));
+  reported = now;
+}
+
 let session = null;
 function videoTransceiverMid() {
   const t = session?.pc.getTransceivers().find((x) => x.receiver.track.kind === "video");
@@ -67,7 +115,14 @@ async function start() {
     session = await connectWhep(`/whep/${encodeURIComponent(stream)}`, {
       token,
       onTrack: (event) => media.addTrack(event.track),
-      onSyncChannel: (channel) => channel.addEventListener("message", onSyncMessage),
+      onSyncChannel: (channel) => {
+        syncChannel = channel;
+        channel.addEventListener("message", onSyncMessage);
+        channel.addEventListener("open", () => {
+          joinHouseClock();
+          setInterval(joinHouseClock, REJOIN_MS);
+        });
+      },
     });
   } catch (err) {
     ui.setStatus(String(err.message ?? err), true);
@@ -79,6 +134,8 @@ async function start() {
       session.pc.connectionState === "failed");
   });
   video.requestVideoFrameCallback(onFrame);
+  window.sfuViewer.sendTelemetry = sendTelemetry;
+  setInterval(sendTelemetry, TELEMETRY_INTERVAL_MS);
   video.play().catch(() => ui.setStatus("click the video to start playback"));
 }
 
