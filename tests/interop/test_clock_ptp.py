@@ -129,7 +129,8 @@ def test_ptp_lock_then_holdover_then_ntp(ptpnet: PtpNet, chrony_factory: Any,
     wait_for(server, lambda s: s["source"] == "ntp" and s["state"] == "locked", 10,
                    "NTP after holdover", trail)
     target = int(NTP_OFFSET_S * 1e9)
-    final = wait_for(server, lambda s: abs(s["offset_ns"] - target) < 2_000_000, 20,
+    # The PI servo takes ~10 s here on a quiet machine; allow a loaded CI machine 45 s.
+    final = wait_for(server, lambda s: abs(s["offset_ns"] - target) < 2_000_000, 45,
                            "convergence to the NTP offset", trail)
     assert final["ntp"]["offset_ns"] == pytest.approx(target, abs=2_000_000)
     steepest = check_trail(trail, MAX_SLEW_PPM)
