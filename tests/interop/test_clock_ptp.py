@@ -175,7 +175,9 @@ def test_best_master_wins_and_failover_slews(ptplan: Any, clock_server_factory: 
     second = wait_for(
         server, lambda s: s["ptp"]["grandmaster"] not in (None, gm_best)
         and s["state"] == "locked" and abs(s["offset_ns"] - n_other) < 20_000,
-        20, "failover to the second master", trail)
+        # ~3 s on a quiet machine. Under load ptp4l itself can miss a transmit timestamp and
+        # sit out its fault reset interval (16 s) before it masters; allow for that.
+        45, "failover to the second master", trail)
     assert second["source"] == "ptp"
     assert second["sdp"][0].endswith(f"{second['ptp']['grandmaster']}:0")
     check_trail(trail, MAX_SLEW_PPM)
