@@ -234,6 +234,7 @@ class TrackForwarder:
         self._last_keyframe_request_ns: int | None = None
         self.last_sender_report: SenderReport | None = None
         self._ids: dict[int, dict[str, int]] = {}  # epoch -> uri -> publisher (or pseudo) id
+        self._observed: tuple[PacketInfo | None, list[tuple[ViewerOutput, int]]] | None = None
 
     # --- publisher side -------------------------------------------------------------------
 
@@ -315,6 +316,7 @@ class TrackForwarder:
             self._last_arrival_ns = arrival_ns
         blocks: dict[object, bytes] = {}
         out: list[tuple[ViewerOutput, bytes]] = []
+        observed: list[tuple[ViewerOutput, int]] = []
         for output in self.outputs:
             if not output.started:
                 if self.kind == "video" and not keyframe:
@@ -326,14 +328,28 @@ class TrackForwarder:
             if output.observers:
                 if info is None:
                     info = self._info(pkt, keyframe, arrival_ns, uris)
-                viewer_ts = (ts + output.ts_offset) & 0xFFFFFFFF
-                for observer in output.observers:
-                    try:
-                        observer(info, viewer_ts)
-                    except Exception as exc:  # one broken observer must not stop fan-out
-                        output.observer_errors += 1
-                        output.last_observer_error = exc
+                observed.append((output, (ts + output.ts_offset) & 0xFFFFFFFF))
+        self._observed = (info, observed) if observed else None
         return out
+
+    def notify_observers(self) -> None:
+        """Run the viewers' packet observers for the packet :meth:`push` just returned.
+
+        Separate from ``push`` so the caller sends every copy first: observer work (sync
+        records) then adds nothing to any viewer's forwarding latency.
+        """
+        pending, self._observed = self._observed, None
+        if pending is None:
+            return
+        info, observed = pending
+        assert info is not None
+        for output, viewer_ts in observed:
+            for observer in output.observers:
+                try:
+                    observer(info, viewer_ts)
+                except Exception as exc:  # one broken observer must not stop fan-out
+                    output.observer_errors += 1
+                    output.last_observer_error = exc
 
     def _write_extensions(
         self, extensions: RtpExtensions, written: Mapping[str, bytes]

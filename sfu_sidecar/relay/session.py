@@ -306,7 +306,8 @@ class PublisherSession(_PeerSession):
                 track._window_start_ns = arrival_ns
                 track._window_octets = 0
         on_packet = self._publisher_packet if self._packet_observers else None
-        for output, out in track.forwarder.push(pkt, arrival_ns, arrival_ns, on_packet):
+        forwarder = track.forwarder
+        for output, out in forwarder.push(pkt, arrival_ns, arrival_ns, on_packet):
             transmit = output.transmit
             if transmit is None:
                 continue
@@ -316,6 +317,7 @@ class PublisherSession(_PeerSession):
                 self.counters.send_errors += 1
                 output.send_errors += 1
         self.counters.latency_ns.append(time.perf_counter_ns() - started)
+        forwarder.notify_observers()  # after every copy left: observers add no latency
 
     def _publisher_packet(self, info: PacketInfo) -> Mapping[str, bytes] | None:
         written: dict[str, bytes] = {}

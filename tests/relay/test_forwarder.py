@@ -54,7 +54,9 @@ def forwarder(kind: str = "video") -> TrackForwarder:
 
 
 def sent(fw: TrackForwarder, p: RtpPacket, now: int = 0) -> dict[str, RtpPacket]:
-    return {o.viewer_id: RtpPacket.parse(data) for o, data in fw.push(p, now, now)}
+    out = {o.viewer_id: RtpPacket.parse(data) for o, data in fw.push(p, now, now)}
+    fw.notify_observers()  # as the session does once every copy is sent
+    return out
 
 
 def test_each_viewer_gets_its_own_ssrc_pt_offsets_and_extension_ids() -> None:
