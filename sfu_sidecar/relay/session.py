@@ -135,6 +135,7 @@ class _PeerSession:
     ice_pwd: str | None
     data_channels: dict[str, RTCDataChannel]
     observers: list[RelayObserver]
+    counters: SessionCounters
 
     async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
         sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
@@ -152,6 +153,14 @@ class _PeerSession:
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         self.data_channels[channel.label] = channel
         self._notify("data_channel", self, channel)
+
+    def _parse_rtcp(self, data: bytes, now_ns: int) -> list[rtcp.RtcpMessage]:
+        """A compound packet's messages; a torn one is counted and yields none."""
+        try:
+            return rtcp.parse_compound(data, now_ns)
+        except ValueError:
+            self.counters.rtcp_errors += 1
+            return []
 
 
 class PublisherSession(_PeerSession):
@@ -350,12 +359,7 @@ class PublisherSession(_PeerSession):
 
     def _on_rtcp(self, data: bytes) -> None:
         arrival_ns = self.now_ns()
-        try:
-            messages = rtcp.parse_compound(data, arrival_ns)
-        except ValueError:
-            self.counters.rtcp_errors += 1
-            return
-        for msg in messages:
+        for msg in self._parse_rtcp(data, arrival_ns):
             if isinstance(msg, rtcp.SenderReportPacket):
                 for track in self.tracks:
                     if track.media_ssrc == msg.ssrc:
@@ -578,12 +582,7 @@ class ViewerSession(_PeerSession):
 
     def _on_rtcp(self, data: bytes) -> None:
         now = self.now_ns()
-        try:
-            messages = rtcp.parse_compound(data, now)
-        except ValueError:
-            self.counters.rtcp_errors += 1
-            return
-        for msg in messages:
+        for msg in self._parse_rtcp(data, now):
             if isinstance(msg, rtcp.Nack):
                 output = self._output_for(msg.media_ssrc)
                 if output is None:

@@ -128,7 +128,7 @@ async def decoded_frames(peer: Peer, count: int) -> list[tuple[int, int]]:
             frame = await track.recv()
             if video_pt is None:
                 # aiortc's receiver reports pts relative to the first RTP timestamp it got.
-                ssrc = _video_ssrc(peer)
+                ssrc = _ssrc(peer, "video")
                 first = next(p for p in peer.received if p.ssrc == ssrc)
                 video_pt = first.timestamp
             luma = frame.to_ndarray(format="yuv420p")[: frame.height]
@@ -145,16 +145,14 @@ def sender_reports(peer: Peer) -> list[tuple[int, SenderReport]]:
     return out
 
 
-def _video_ssrc(peer: Peer) -> int:
-    return _ssrc(peer, "video")
+def _section(peer: Peer, kind: str) -> list[str]:
+    """Lines of the relay's answer in the ``kind`` m-section."""
+    return peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0].splitlines()
 
 
 def _ssrc(peer: Peer, kind: str) -> int:
-    # The relay's answer announces each track's SSRC in its m-section.
-    section = peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0]
-    ssrc_line = next(line for line in section.splitlines() if line.startswith("a=ssrc:"))
-    return int(ssrc_line.split()[0].split(":")[1])
-
+    line = next(x for x in _section(peer, kind) if x.startswith("a=ssrc:"))
+    return int(line.split()[0].split(":")[1])
 
 async def test_every_viewer_frame_maps_to_its_true_capture_time(
     relay_base: tuple[str, SyncService],
@@ -294,12 +292,9 @@ async def test_captions_reach_viewers_on_the_channel(
 
 
 def _extension_id(peer: Peer, kind: str, uri: str) -> int:
-    section = peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0]
-    line = next(x for x in section.splitlines() if x.startswith("a=extmap:") and uri in x)
+    line = next(x for x in _section(peer, kind) if x.startswith("a=extmap:") and uri in x)
     return int(line.split(":", 1)[1].split()[0].split("/")[0])
 
 
 def _mid(peer: Peer, kind: str) -> str:
-    section = peer.answer.split(f"m={kind}", 1)[1].split("m=", 1)[0]
-    return next(line.split(":", 1)[1] for line in section.splitlines()
-                if line.startswith("a=mid:"))
+    return next(x.split(":", 1)[1] for x in _section(peer, kind) if x.startswith("a=mid:"))
