@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from sfu_sidecar.exceptions import ConfigError
 
@@ -212,6 +212,41 @@ def _parse_ice_servers(raw: RawValue) -> tuple[IceServer, ...]:
     return tuple(out)
 
 
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _parse_origins(raw: RawValue) -> tuple[str, ...]:
+    """``*`` alone, or web origins ``scheme://host[:port]`` as browsers send them in ``Origin``."""
+    items = _split_list(raw)
+    if "*" in items:
+        if len(items) > 1:
+            raise _Invalid("'*' already allows every origin; give it alone")
+        return ("*",)
+    out = []
+    for item in items:
+        parts = urlsplit(item)
+        try:
+            port = parts.port
+        except ValueError:
+            raise _Invalid(f"{item!r}: bad port") from None
+        if (
+            parts.scheme not in _DEFAULT_PORTS
+            or not parts.hostname
+            or parts.username is not None
+            or parts.path not in ("", "/")
+            or parts.query
+            or parts.fragment
+        ):
+            raise _Invalid(f"{item!r}: expected an origin such as https://app.example:8443")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+        # Browsers serialize an origin lower-case and without its scheme's default port
+        # (RFC 6454 6.2), so compare against that form.
+        if port is not None and port != _DEFAULT_PORTS[parts.scheme]:
+            host += f":{port}"
+        out.append(f"{parts.scheme}://{host}")
+    return tuple(dict.fromkeys(out))
+
+
 def _setting(
     default: Any,
     parse: Callable[[RawValue], Any],
@@ -249,6 +284,12 @@ class Settings:
     view_token: str | None = _setting(
         None, _parse_optional_str, "Bearer token required for WHEP viewing (open when unset)",
         metavar="TOKEN", secret=True,
+    )
+    cors_origins: tuple[str, ...] = _setting(
+        (), _parse_origins,
+        "web origins allowed to publish, view and ingest from a browser, comma-separated, "
+        "or * for any (when unset only read-only GETs are open cross-origin)",
+        metavar="ORIGINS",
     )
     ice_addresses: tuple[str, ...] = _setting(
         (), _parse_addresses,

@@ -90,6 +90,10 @@ def test_ice_servers_parse_stun_and_turn_credentials() -> None:
         ({"ice_servers": "turn:turn.example.org"}, "TURN needs USER:PASS@ credentials"),
         ({"ntp_servers": "host:99999"}, "port must be between 1 and 65535"),
         ({"clock_max_slew_ppm": "0"}, "--clock-max-slew-ppm 0: must be between 1 and 100000"),
+        ({"cors_origins": "*,https://a.example"}, "'*' already allows every origin"),
+        ({"cors_origins": "null"}, "'null': expected an origin such as https://"),
+        ({"cors_origins": "https://a.example/app"}, "expected an origin such as"),
+        ({"cors_origins": "http://a.example:70000"}, "'http://a.example:70000': bad port"),
     ],
 )
 def test_validation_errors_name_the_setting_and_the_reason(
@@ -136,3 +140,17 @@ def test_every_setting_has_help_and_an_env_name() -> None:
     for f in setting_fields():
         assert f.metadata["help"], f.name
         assert env_name(f.name) == "SFU_SIDECAR_" + f.name.upper()
+
+
+def test_cors_origins_are_kept_in_the_form_browsers_send() -> None:
+    s = load_settings({"cors_origins": "HTTPS://App.Example:443, http://127.0.0.1:8081/,http://[::1]"})
+    assert s.cors_origins == ("https://app.example", "http://127.0.0.1:8081", "http://[::1]")
+    assert load_settings(env={"SFU_SIDECAR_CORS_ORIGINS": " * "}).cors_origins == ("*",)
+    assert load_settings().cors_origins == ()
+
+
+def test_cors_origins_from_a_toml_array(tmp_path: Path) -> None:
+    cfg = write_toml(tmp_path, 'cors_origins = ["https://a.example", "http://localhost:3000"]\n')
+    assert load_settings(config_path=cfg).cors_origins == (
+        "https://a.example", "http://localhost:3000",
+    )
