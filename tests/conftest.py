@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,6 +34,64 @@ CHROMIUM_ARGS = [
     "--disable-features=WebRtcHideLocalIpsWithMdns",
     "--autoplay-policy=no-user-gesture-required",
 ]
+
+
+# Debian package of each tool the suite drives, for the message that names what to install.
+TOOL_PACKAGES = {
+    "chromium": "chromium", "ptp4l": "linuxptp", "pmc": "linuxptp", "chronyd": "chrony",
+    "ffmpeg": "ffmpeg", "ffprobe": "ffmpeg", "ip": "iproute2", "unshare": "util-linux",
+    "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
+}
+NOT_RUN = "NOT RUN: "
+
+
+def partial_run() -> bool:
+    """``scripts/test`` without root or apt: unmet requirements skip (reported as NOT RUN and
+    failing the run's exit status) instead of failing each test."""
+    return os.environ.get("SFU_SIDECAR_TESTS_PARTIAL") == "1"
+
+
+def require(*tools: str, root: bool = False) -> None:
+    """The one policy for what a test needs from the machine: missing -> the test fails with
+    the package to install, or, in a partial run, is skipped as NOT RUN and counted."""
+    reasons = []
+    if root and os.geteuid() != 0:
+        reasons.append("needs root (network namespaces)")
+    missing = [t for t in tools if shutil.which(t) is None and not Path(t).exists()]
+    if missing:
+        pkgs = sorted({TOOL_PACKAGES.get(Path(t).name, Path(t).name) for t in missing})
+        reasons.append(f"missing {', '.join(missing)} (apt-get install {' '.join(pkgs)})")
+    if not reasons:
+        return
+    if partial_run():
+        pytest.skip(NOT_RUN + "; ".join(reasons))
+    pytest.fail("; ".join(reasons), pytrace=False)
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("browser") is not None:
+        require(CHROMIUM)
+    if item.get_closest_marker("netns") is not None:
+        require("ip", "unshare", root=True)
+    for mark in item.iter_markers("needs"):
+        require(*mark.args)
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    not_run = [r for r in terminalreporter.stats.get("skipped", [])
+               if NOT_RUN in str(getattr(r, "longrepr", ""))]
+    if not_run:
+        terminalreporter.write_line(
+            f"{len(not_run)} tests NOT RUN for missing requirements (see the skip reasons above); "
+            "this run is incomplete", red=True)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(reporter, "stats", {}) if reporter is not None else {}
+    if exitstatus == 0 and any(NOT_RUN in str(getattr(r, "longrepr", ""))
+                               for r in stats.get("skipped", [])):
+        session.exitstatus = 3  # an incomplete run is never reported as a pass
 
 
 def free_port(kind: int = socket.SOCK_STREAM) -> int:
@@ -110,8 +169,7 @@ def server_factory(tmp_path: Path) -> Iterator[object]:
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     """One headless Chromium for the session, held under a machine-wide lock."""
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Chromium not found at {CHROMIUM}: install the 'chromium' package")
+    require(CHROMIUM)
     from playwright.sync_api import sync_playwright
 
     BROWSER_LOCK.touch(exist_ok=True)

@@ -17,18 +17,15 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tests.interop.ptpnet import Chrony, PtpNet, have_tools
+from tests.conftest import require
+from tests.interop.ptpnet import Chrony, PtpNet
 
 HERE = Path(__file__).resolve().parent
 T = TypeVar("T")
 
 
 def _require(*tools: str) -> None:
-    if os.geteuid() != 0:
-        pytest.fail("clock interop tests need root (network namespaces)")
-    missing = have_tools(*tools)
-    if missing:
-        pytest.fail(f"missing {', '.join(missing)}: apt-get install linuxptp chrony iproute2")
+    require(*tools, root=True)
 
 
 def free_udp_pair() -> int:

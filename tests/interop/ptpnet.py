@@ -10,7 +10,6 @@ Everything made here is torn down by :meth:`PtpNet.close`, also when a test fail
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import time
 import uuid
@@ -114,10 +113,6 @@ class PtpNet:
         for ns in self._made:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10)
         self._made.clear()
-
-
-def have_tools(*names: str) -> list[str]:
-    return [n for n in names if shutil.which(n) is None]
 
 
 class Chrony:
