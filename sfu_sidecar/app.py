@@ -14,7 +14,14 @@ from aiohttp import web
 
 from sfu_sidecar import __version__, logs
 from sfu_sidecar.config import Settings
-from sfu_sidecar.httpapi import METRICS_KEY, edge_middleware, json_ok
+from sfu_sidecar.cors import CorsPolicy
+from sfu_sidecar.httpapi import (
+    METRICS_KEY,
+    cors_middleware,
+    edge_middleware,
+    install_cors,
+    json_ok,
+)
 from sfu_sidecar.lifecycle import Component
 from sfu_sidecar.metrics import Metrics
 
@@ -96,8 +103,9 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
     if components is None:
         components = build_components(settings, metrics)
     app = web.Application(
-        middlewares=[edge_middleware], client_max_size=settings.max_body_bytes
+        middlewares=[edge_middleware, cors_middleware], client_max_size=settings.max_body_bytes
     )
+    install_cors(app, CorsPolicy(settings.cors_origins))
     services = Services(settings, metrics, time.monotonic(), components)
     app[SERVICES_KEY] = services
     app[METRICS_KEY] = metrics

@@ -11,6 +11,7 @@
         │   ├── PayloadTooLarge        body over a configured limit (413)
         │   └── NotAcceptable          nothing we can forward was offered (406)
         ├── AuthError              missing or wrong credentials (401)
+        ├── Forbidden              the caller may not do this at all, e.g. its web origin (403)
         ├── NotFound               no such stream, session or resource (404)
         └── Conflict               the resource is taken (409)
 
@@ -75,6 +76,10 @@ class AuthError(RemoteError):
         merged = {"WWW-Authenticate": 'Bearer realm="sfu-sidecar"'}
         merged.update(headers or {})
         super().__init__(reason, headers=merged)
+
+
+class Forbidden(RemoteError):
+    status = 403
 
 
 class NotFound(RemoteError):

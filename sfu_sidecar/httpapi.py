@@ -1,4 +1,4 @@
-"""HTTP edge shared by every route: error mapping, request log, auth and body limits."""
+"""HTTP edge shared by every route: error mapping, request log, CORS, auth and body limits."""
 
 from __future__ import annotations
 
@@ -10,7 +10,14 @@ from typing import Any
 from aiohttp import web
 
 from sfu_sidecar import logs
-from sfu_sidecar.exceptions import AuthError, PayloadTooLarge, SidecarError, UnsupportedMediaType
+from sfu_sidecar.cors import ALLOW_ORIGIN, REQUEST_METHOD, CorsPolicy
+from sfu_sidecar.exceptions import (
+    AuthError,
+    Forbidden,
+    PayloadTooLarge,
+    SidecarError,
+    UnsupportedMediaType,
+)
 from sfu_sidecar.metrics import Metrics
 
 log = logs.get("http")
@@ -18,6 +25,7 @@ log = logs.get("http")
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 METRICS_KEY = web.AppKey("metrics", Metrics)
+CORS_KEY = web.AppKey("cors", CorsPolicy)
 
 
 def json_error(status: int, reason: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -68,6 +76,55 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             extra={"status": status, "duration_ms": round(elapsed * 1000, 3),
                    "remote": request.remote},
         )
+
+
+def install_cors(app: web.Application, policy: CorsPolicy) -> None:
+    """Apply ``policy`` to every route of ``app``: preflights, WebSocket handshakes, responses.
+
+    Put :func:`cors_middleware` after :func:`edge_middleware` so preflights are logged and
+    counted and a refusal becomes a JSON error like any other.
+    """
+    app[CORS_KEY] = policy
+    app.on_response_prepare.append(_add_cors_headers)
+
+
+@web.middleware
+async def cors_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Answer preflights without calling the route; refuse cross-origin writing WebSockets."""
+    policy = request.app.get(CORS_KEY)
+    origin = request.headers.get("Origin")
+    if policy is None or origin is None:
+        return await handler(request)
+    requested = request.headers.get(REQUEST_METHOD)
+    if request.method == "OPTIONS" and requested is not None:
+        # Answered here, never by the route: a preflight must not create or reveal anything,
+        # and its response headers are invisible to scripts anyway.
+        headers = policy.preflight_headers(origin, requested.strip(), request.path)
+        if headers is None:
+            raise Forbidden(
+                f"origin {origin} may not {requested} {request.path}: "
+                "it is not in the cors_origins setting"
+            )
+        return web.Response(status=204, headers=headers)
+    if request.headers.get("Upgrade", "").lower() == "websocket" and not (
+        policy.websocket_allowed(origin, request.headers.get("Host"), request.path)
+    ):
+        raise Forbidden(
+            f"origin {origin} may not open {request.path}: it is not in the cors_origins setting"
+        )
+    return await handler(request)
+
+
+async def _add_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    policy = request.app.get(CORS_KEY)
+    if policy is None or ALLOW_ORIGIN in response.headers:
+        return  # a preflight answer already carries its own
+    for name, value in policy.response_headers(
+        request.headers.get("Origin"), request.method
+    ).items():
+        if name == "Vary" and "Vary" in response.headers:
+            value = f"{response.headers['Vary']}, {value}"
+        response.headers[name] = value
 
 
 def require_bearer(request: web.Request, token: str | None, what: str) -> None:
