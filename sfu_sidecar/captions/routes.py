@@ -157,8 +157,6 @@ class Api:
                 "Content-Type": VTT_TYPE,
                 "Cache-Control": IMMUTABLE if closed else "no-cache",
                 EPOCH_HTTP_HEADER: str(served.epoch_ns),
-                "Access-Control-Allow-Origin": "*",
-                "Access-Control-Expose-Headers": EPOCH_HTTP_HEADER,
             },
         )
 
@@ -173,8 +171,6 @@ class Api:
                 "Content-Type": VTT_TYPE,
                 "Cache-Control": "no-cache",
                 EPOCH_HTTP_HEADER: str(self.service.epoch(stream)),
-                "Access-Control-Allow-Origin": "*",
-                "Access-Control-Expose-Headers": EPOCH_HTTP_HEADER,
             },
         )
 
@@ -192,7 +188,6 @@ class Api:
                 "Content-Type": "application/vnd.apple.mpegurl",
                 # RFC 8216 6.2.1: a live playlist changes every target duration.
                 "Cache-Control": "no-cache",
-                "Access-Control-Allow-Origin": "*",
             },
         )
 
