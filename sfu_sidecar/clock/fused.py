@@ -5,11 +5,18 @@ servo changes its frequency, so it is continuous by construction::
 
     house(L) = H0 + (L - L0) * (1 + freq_ppb / 1e9)
 
-Rules this module keeps (issue 4): preference PTP > NTP > local; when the tracked source is lost,
-holdover on the learned frequency, then the next live source; the first lock after start may
-step house time once, after that every correction is a slew of at most ``max_slew_ppm``; house
-time as returned by :meth:`FusedClock.now` never decreases. It never reads a clock: every method
-takes the local reading (``local_ns``) and a monotonic reading (``mono_ns``) as arguments.
+Rules this module keeps: preference PTP > NTP > local; when the tracked source is lost, the
+next live source at once (a live reference beats a free-running oscillator), or holdover on the
+learned frequency when none is left; the first lock after start may step house time once, after
+that every correction is a slew of at most ``max_slew_ppm``; house time as returned by
+:meth:`FusedClock.now` never decreases.
+
+Status never flatters: while house time is farther from the tracked source than that source's
+own error it is ``slewing`` (with the remaining offset and the time to close it at the slew
+limit), and the reported error is never smaller than the last measured distance to the source.
+
+It never reads a clock: every method takes the local reading (``local_ns``) and a monotonic
+reading (``mono_ns``) as arguments.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ NTP = "ntp"
 
 ACQUIRING = "acquiring"
 LOCKED = "locked"
+SLEWING = "slewing"  # tracking a source, still converging onto it
 HOLDOVER = "holdover"
 FREERUN = "freerun"
 
@@ -39,6 +47,12 @@ DEFAULT_HOLDOVER_NS = 10 * NS_PER_S
 # ~1 ppm of its learned frequency over minutes, i.e. 1 us of error per second.
 HOLDOVER_DRIFT_PPB = 1000.0
 RESIDUAL_WINDOW = 16
+# Below this distance to the source house time counts as on it whatever the source claims: the
+# servo's own noise on a loaded host (NTP on loopback measured ~10-40 us) must not flap the state.
+CONVERGED_FLOOR_NS = 100_000
+# Back from locked to slewing only for a distance this many times the bound (>= 1 ms): a jump of
+# the source, not measurement noise.
+RESLEW_FACTOR = 10
 
 
 @dataclass
@@ -98,6 +112,8 @@ class FusedClock:
         self._holdover_since: int | None = None
         self._holdover_error_ns = 0
         self._residuals: deque[float] = deque(maxlen=RESIDUAL_WINDOW)
+        # House minus the tracked source at its latest sample (None: no sample since the lock).
+        self._distance_ns: int | None = None
 
     # -- the timeline -------------------------------------------------------------------------
 
@@ -149,38 +165,61 @@ class FusedClock:
         st.samples += 1
         st.lost = False
         changes = self.update(mono_ns, local_ns)
-        if self.state == LOCKED and self.source == source:
-            self._track(local_ns, offset_ns)
+        if self.tracking and self.source == source:
+            changes += self._track(local_ns, offset_ns)
         return changes
 
-    def heard(self, source: str, mono_ns: int, local_ns: int) -> list[Change]:
-        """The source answered but brought no sample to use (NTP: the window's least-delay
-        sample is one already used); it is alive all the same."""
-        st = self._states[source]
-        st.last_mono_ns = mono_ns
-        st.lost = False
-        return self.update(mono_ns, local_ns)
+    @property
+    def tracking(self) -> bool:
+        """Steered by a source: locked on it or slewing toward it."""
+        return self.state in (LOCKED, SLEWING)
 
     def lost(self, source: str, mono_ns: int, local_ns: int) -> list[Change]:
         """The adapter knows a source is gone (PTP: no master left after announce timeout)."""
         self._states[source].lost = True
         return self.update(mono_ns, local_ns)
 
-    def _track(self, local_ns: int, offset_ns: int) -> None:
+    def _track(self, local_ns: int, offset_ns: int) -> list[Change]:
         ref = local_ns + offset_ns
         if not self.stepped:
-            # The first lock after start: one step onto the source (issue 4), then slew only.
+            # The first lock after start: one step onto the source, then slew only.
             self._step(local_ns, ref)
             self._last_servo_local = local_ns
-            return
+            self._distance_ns = 0
+            return self._converged_check()
         error = self.peek(local_ns) - ref
-        self._residuals.append(float(error))
+        self._distance_ns = error
         dt = ((local_ns - self._last_servo_local) / 1e9
               if self._last_servo_local is not None else 1.0)
-        self._last_servo_local = local_ns
         if dt <= 0:
-            return  # reordered or duplicate sample: the line only moves forward
-        self._set_freq(local_ns, self.servo.feed(error, dt))
+            # Reordered or duplicate sample: the line only moves forward.
+            return self._converged_check()
+        self._residuals.append(float(error))
+        self._last_servo_local = local_ns
+        far = abs(error) > self._bound()
+        self._set_freq(local_ns, self.servo.feed(error, dt, slew=far))
+        return self._converged_check()
+
+    def _bound(self) -> int:
+        """Distance to the tracked source within which house time counts as on it."""
+        return max(self._states[self.source].error_ns, CONVERGED_FLOOR_NS)
+
+    def _converged_check(self) -> list[Change]:
+        """Locked once within the source's own error; slewing while farther (with hysteresis)."""
+        if self._distance_ns is None:
+            return []
+        bound = self._bound()
+        distance = abs(self._distance_ns)
+        old = self.state
+        if self.state == SLEWING and distance <= bound:
+            self.state = LOCKED
+        elif self.state == LOCKED and distance > RESLEW_FACTOR * bound:
+            self.state = SLEWING
+        if self.state == old:
+            return []
+        why = (f"within {bound} ns of {self.source}" if self.state == LOCKED
+               else f"{distance} ns from {self.source}")
+        return [Change(old, self.source, self.state, self.source, why)]
 
     # -- state machine ------------------------------------------------------------------------
 
@@ -202,10 +241,13 @@ class FusedClock:
         if (best == NTP and PTP in self.sources and not self.stepped
                 and mono_ns - self.start_mono_ns < self.ptp_grace_ns):
             best = None  # still waiting for PTP before the one allowed step
-        if self.state == LOCKED:
-            if best is None or self._rank(best) > self._rank(self.source):
+        if self.tracking:
+            if best is None:
                 self._enter_holdover(mono_ns, local_ns)
                 reason = f"{self.source} lost"
+            elif self._rank(best) > self._rank(self.source):
+                reason = f"{self.source} lost, {best} available"
+                self._lock(best)
             elif self._rank(best) < self._rank(self.source):
                 self._lock(best)
                 reason = f"{best} preferred"
@@ -226,11 +268,20 @@ class FusedClock:
         return [Change(old_state, old_source, self.state, self.source, reason)]
 
     def _lock(self, source: str) -> None:
-        self.state, self.source = LOCKED, source
+        # Converging until a sample says house time is on the new source (the first lock after
+        # start steps onto it and is locked at its first sample).
+        self.state, self.source = SLEWING, source
         self._holdover_since = None
         self._residuals.clear()
+        self._distance_ns = None
         # A new reference: measure dt afresh so the first sample is not weighed by the gap.
         self._last_servo_local = None
+        st = self._states[source]
+        if st.offset_ns is not None:
+            # Steer from the newest sample the source already gave instead of waiting for the
+            # next one (an NTP poll can be many seconds away). Its offset to the local clock
+            # stands for now: the two drift apart by ppm, microseconds over such an age.
+            self._track(self._latest_local, st.offset_ns)
 
     def _enter_holdover(self, mono_ns: int, local_ns: int) -> None:
         self.state = HOLDOVER
@@ -242,12 +293,14 @@ class FusedClock:
 
     def error_ns(self, mono_ns: int) -> int | None:
         """Estimated uncertainty of house time against the tracked reference (None: unknown,
-        house time is not tied to any reference)."""
-        if self.state == LOCKED:
+        house time is not tied to any reference). Never less than the last measured distance
+        to the source plus the source's own error."""
+        if self.tracking:
             st = self._states[self.source]
             rms = (math.sqrt(sum(e * e for e in self._residuals) / len(self._residuals))
                    if self._residuals else 0.0)
-            return int(rms) + st.error_ns
+            distance = abs(self._distance_ns) if self._distance_ns is not None else 0
+            return max(int(rms), distance) + st.error_ns
         if self.state == HOLDOVER and self._holdover_since is not None:
             held_s = (mono_ns - self._holdover_since) / 1e9
             return self._holdover_error_ns + int(held_s * HOLDOVER_DRIFT_PPB)
@@ -256,8 +309,19 @@ class FusedClock:
     def source_state(self, name: str) -> SourceState | None:
         return self._states.get(name)
 
+    def convergence(self) -> tuple[int | None, float | None]:
+        """(house minus the tracked source at its last sample, seconds to close that distance
+        at the slew limit while slewing); (None, None) when no source is tracked."""
+        if not self.tracking or self._distance_ns is None:
+            return None, None
+        eta = None
+        if self.state == SLEWING:
+            eta = abs(self._distance_ns) / (self.max_slew_ppm * 1000.0)
+        return self._distance_ns, eta
+
     def status(self, local_ns: int, mono_ns: int) -> dict[str, Any]:
         house = self.now(local_ns)
+        remaining, eta = self.convergence()
         return {
             "source": self.source,
             "state": self.state,
@@ -265,5 +329,9 @@ class FusedClock:
             "offset_ns": house - local_ns,
             "freq_ppb": round(self._freq_ppb, 3),
             "error_ns": self.error_ns(mono_ns),
+            # House time minus the tracked source (last sample), and while slewing the seconds
+            # left to close it at clock_max_slew_ppm.
+            "remaining_ns": remaining,
+            "converge_s": None if eta is None else round(eta, 3),
             "stepped": self.stepped,
         }

@@ -21,6 +21,7 @@ NTP_UNIX_DELTA_S = 2_208_988_800
 ERA_S = 1 << 32
 NTP_VERSION = 4
 WINDOW = 8  # RFC 5905 §10 clock filter: the last eight samples
+PHI_PPB = 15_000  # RFC 5905 §7.2 PHI: 15 ppm frequency tolerance, dispersion growth per second
 
 # RFC 5905 Figure 8, 48 bytes:
 #   B  LI(2) | VN(3) | Mode(3)   B stratum   b poll   b precision
@@ -103,6 +104,12 @@ class NtpSample:
     delay_ns: int
     stratum: int
 
+    def error_ns(self, now_ns: int) -> int:
+        """Bound on the error of this sample's offset taken as the offset at ``now_ns``: half
+        the round trip (the asymmetry nobody can see) plus PHI per second of age, the frequency
+        tolerance RFC 5905 §7.2 assumes between two clocks."""
+        return self.delay_ns // 2 + max(0, now_ns - self.local_ns) * PHI_PPB // 1_000_000_000
+
     @classmethod
     def from_timestamps(cls, t1: int, t2: int, t3: int, t4: int, stratum: int) -> NtpSample:
         return cls(t4, ((t2 - t1) + (t3 - t4)) // 2, (t4 - t1) - (t3 - t2), stratum)
@@ -156,6 +163,10 @@ class SntpClient:
         self.samples.append(sample)
         return sample
 
-    def best(self) -> NtpSample | None:
-        """The least-delay sample of the window."""
-        return min(self.samples, key=lambda s: s.delay_ns, default=None)
+    def best(self, now_ns: int | None = None) -> NtpSample | None:
+        """The sample of the window with the least error bound at ``now_ns``: half its
+        round-trip delay plus the dispersion it gathered since (RFC 5905 §10 picks by the same
+        distance); without ``now_ns``, the least-delay sample."""
+        if now_ns is None:
+            return min(self.samples, key=lambda s: s.delay_ns, default=None)
+        return min(self.samples, key=lambda s: s.error_ns(now_ns), default=None)

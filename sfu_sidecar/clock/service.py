@@ -24,6 +24,7 @@ from sfu_sidecar.clock.fused import (
     NS_PER_S,
     NTP,
     PTP,
+    SLEWING,
     Change,
     FusedClock,
 )
@@ -43,7 +44,7 @@ from sfu_sidecar.metrics import Metrics
 
 log = logs.get("clock")
 
-STATES = ("acquiring", "locked", "holdover", "freerun")
+STATES = ("acquiring", "locked", "slewing", "holdover", "freerun")
 SOURCES = ("ptp", "ntp", "system")
 TICK_S = 0.25
 # RFC 5905 §7.3 MINPOLL is 16 s; these are the operator's own servers, and a short first burst
@@ -93,7 +94,8 @@ class ClockService:
         self._ntp: dict[HostPort, SntpClient] = {s: SntpClient() for s in settings.ntp_servers}
         self._ntp_transports: dict[HostPort, asyncio.DatagramTransport] = {}
         self._ntp_used: HostPort | None = None
-        self._ntp_last_fed = 0
+        self._ntp_polls = 0  # polls since the last burst began
+        self._ntp_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._ws: set[web.WebSocketResponse] = set()
         self.reports: dict[str, dict[str, int]] = {}
@@ -260,13 +262,24 @@ class ClockService:
     # -- NTP ----------------------------------------------------------------------------------
 
     async def _ntp_loop(self) -> None:
-        sent = 0
         while True:  # cancelled by stop()
             for server, transport in self._ntp_transports.items():
                 with contextlib.suppress(OSError):
                     transport.sendto(self._ntp[server].request(local.realtime_ns()))
-            sent += 1
-            await asyncio.sleep(NTP_BURST_GAP_S if sent < NTP_BURST else self.ntp_poll_s)
+            self._ntp_polls += 1
+            # A burst at start and on every switch to NTP, and quick polls for as long as house
+            # time slews toward NTP: each sample re-aims the slew, so it neither waits a whole
+            # poll interval to start nor runs past the target between two polls.
+            converging = self.fused.state == SLEWING and self.fused.source == NTP
+            fast = self._ntp_polls < NTP_BURST or converging
+            self._ntp_wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._ntp_wake.wait(),
+                                       NTP_BURST_GAP_S if fast else self.ntp_poll_s)
+
+    def _ntp_burst(self) -> None:
+        self._ntp_polls = 0
+        self._ntp_wake.set()
 
     def _on_ntp(self, server: HostPort, data: bytes, rx_ns: int) -> None:
         client = self._ntp[server]
@@ -285,26 +298,27 @@ class ClockService:
         if self._ntp_used != server:
             log.info("NTP server %s in use", server)
             self._ntp_used = server
-        best = client.best()
-        if best is None or best.local_ns <= self._ntp_last_fed:
-            # RFC 5905 §10: never feed a sample older than one already used; the server is
-            # answering, though, so it stays a live source.
-            self._changes(self.fused.heard(NTP, local.monotonic_ns(), rx_ns))
+        best = client.best(rx_ns)
+        if best is None:
             return
-        self._ntp_last_fed = best.local_ns
-        self._changes(self.fused.sample(NTP, best.local_ns, local.monotonic_ns(),
-                                        best.offset_ns, best.delay_ns // 2))
+        # Every reply is a measurement now: the filtered offset (server minus local clock, which
+        # an older sample still tells within its aged error bound) compared with house time at
+        # this instant. Feeding only new least-delay samples left the servo without input for
+        # minutes after a failover.
+        self._changes(self.fused.sample(NTP, rx_ns, local.monotonic_ns(), best.offset_ns,
+                                        best.error_ns(rx_ns)))
 
     def _ntp_status(self) -> dict[str, Any] | None:
         if not self._ntp:
             return None
         server = self._ntp_used
-        best = self._ntp[server].best() if server else None
+        best = self._ntp[server].best(local.realtime_ns()) if server else None
         return {
             "server": str(server) if server else None,
             "offset_ns": best.offset_ns if best else None,
             "delay_ns": best.delay_ns if best else None,
             "stratum": best.stratum if best else None,
+            "error_ns": best.error_ns(local.realtime_ns()) if best else None,
             "samples": sum(len(c.samples) for c in self._ntp.values()),
         }
 
@@ -321,6 +335,8 @@ class ClockService:
 
     def _changes(self, changes: list[Change]) -> None:
         for c in changes:
+            if c.new_source == NTP and c.old_source != NTP and self._ntp_transports:
+                self._ntp_burst()
             log.info("house clock %s/%s -> %s/%s (%s)", c.old_state, c.old_source, c.new_state,
                      c.new_source, c.reason,
                      extra={"state": c.new_state, "source": c.new_source})
@@ -392,6 +408,8 @@ def status_line(status: dict[str, Any]) -> str:
         f"freq={status['freq_ppb']:+.1f}ppb",
         f"error={status['error_ns']}ns" if status["error_ns"] is not None else "error=?",
     ]
+    if status.get("converge_s") is not None:
+        parts.append(f"remaining={status['remaining_ns']:+d}ns converge={status['converge_s']}s")
     ptp = status.get("ptp")
     if ptp:
         parts.append(f"gm={ptp['grandmaster'] or '-'}")

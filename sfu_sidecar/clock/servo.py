@@ -35,13 +35,23 @@ class PiServo:
     freq_ppb: float = 0.0
     saturated: bool = False
 
-    def feed(self, error_ns: float, dt_s: float) -> float:
+    def feed(self, error_ns: float, dt_s: float, slew: bool = False) -> float:
         """One measurement: ``error_ns`` = house time - reference (positive: house is ahead).
+
+        ``slew``: the error is far outside the source's noise (a new source, a jump), so the
+        whole of it is aimed at the next sample interval (gain 1, bounded by ``max_ppb``) with
+        the integral held: the PI loop's ~5-sample time constant would otherwise add tens of
+        seconds of exponential tail to a correction the slew limit already paces.
 
         Returns the new frequency correction of house time against the local clock, in ppb.
         """
         dt_s = max(dt_s, 1e-3)
         rate = error_ns / dt_s
+        if slew:
+            out = -rate - self.integral_ppb
+            self.saturated = abs(out) > self.max_ppb
+            self.freq_ppb = max(-self.max_ppb, min(self.max_ppb, out))
+            return self.freq_ppb
         integral = self.integral_ppb + self.ki * rate
         out = -(self.kp * rate) - integral
         # Anti-windup: while the output is clamped the integral does not grow further, so the

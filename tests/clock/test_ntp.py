@@ -87,6 +87,19 @@ def test_client_against_simulated_server_picks_least_delay() -> None:
     assert best.offset_ns == pytest.approx(server_ahead, abs=2)
 
 
+def test_an_aged_sample_gives_way_to_a_fresh_one_by_error_bound() -> None:
+    """Selection by delay / 2 + 15 ppm of age (RFC 5905 §10): a 100 us round trip 20 s old
+    (error 50 + 300 us) loses to a fresh 300 us one (150 us)."""
+    old = NtpSample(local_ns=T, offset_ns=1_000, delay_ns=100_000, stratum=1)
+    fresh = NtpSample(local_ns=T + 20 * NS, offset_ns=2_000, delay_ns=300_000, stratum=1)
+    client = SntpClient()
+    client.samples.extend([old, fresh])
+    assert client.best() is old  # least delay alone
+    assert client.best(T + 20 * NS) is fresh
+    assert old.error_ns(T + 20 * NS) == 50_000 + 300_000
+    assert client.best(T + NS) is old  # at 1 s of age the old one is still the better
+
+
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [({"stratum": 0}, "kiss"), ({"stratum": 16}, "stratum"), ({"leap": 3}, "LI=3"),
