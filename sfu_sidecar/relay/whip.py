@@ -15,6 +15,7 @@ from sfu_sidecar.config import IceServer
 from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
 from sfu_sidecar.relay import sdp as sdpmod
+from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
 if TYPE_CHECKING:
@@ -89,6 +90,7 @@ class WhipRoutes:
 
             raise BadInput("offer is not UTF-8 text") from None
         # Validate before touching any stream, so a bad offer takes no publisher slot.
+        validate_offer(offer)
         sdpmod.check_offer(sdpmod.parse(offer, what="offer"), publishing=publishing)
         name = request.match_info["stream"]
         session: Session
