@@ -13,12 +13,14 @@ def check_file(path: Path) -> int:
     """Print ``{"cues": [...], "regions": [...]}`` (VTTCue / VTTRegion attribute names) on stdout.
 
     Exit status 0 for a WebVTT file, 1 with a one-line reason on stderr when the file cannot be
-    read or is not WebVTT. Cues the algorithm skips (bad timings) are not errors, as in a browser.
+    read or is not WebVTT. Cues the algorithm skips (bad timings) are not errors, as in a browser,
+    and neither are numbers past a double's range: a setting that overflows is skipped and a
+    time that overflows is printed as ``"Infinity"``, as the algorithm says.
     """
     try:
         data = path.read_bytes()
-    except OSError as exc:
-        print(f"sfu-sidecar: {path}: {exc.strerror or exc}", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # ValueError: a name with a NUL in it
+        print(f"sfu-sidecar: {path}: {getattr(exc, 'strerror', None) or exc}", file=sys.stderr)
         return 1
     try:
         result = parse(data)

@@ -15,6 +15,7 @@ timestamp", step 19: ``h*60*60 + m*60 + s + ms/1000``), so JSON output matches `
 from __future__ import annotations
 
 import codecs
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -37,6 +38,10 @@ _PERCENTAGE = re.compile(r"[0-9]+(?:\.[0-9]+)?%")
 # 6.3 "line", non-percentage branch, steps 1-4: an optional leading "-", digits, at most one "."
 # with a digit on each side.
 _LINE_NUMBER = re.compile(r"-?[0-9]+(?:\.[0-9]+)?")
+
+# Significant digits past which an integer exceeds the largest double (about 1.8e308).
+_DOUBLE_DIGITS = 309
+MAX_REGION_LINES = 2**32 - 1
 
 VERTICAL_VALUES = ("", "rl", "lr")
 LINE_ALIGN_VALUES = ("start", "center", "end")
@@ -140,8 +145,14 @@ class ParseResult:
                 self.styles.append(block)
 
 
-def js_number(value: float) -> float | int:
-    """A float as JavaScript prints it in JSON: integral values without ".0"."""
+def js_number(value: float) -> float | int | str:
+    """A float as JavaScript prints it in JSON: integral values without ".0".
+
+    JSON has no infinity, so a cue time past the largest double (6.3 step 19 overflows) is
+    written as JavaScript prints that number: ``"Infinity"``.
+    """
+    if math.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
     if value == int(value) and abs(value) < 2**53:
         return int(value)
     return value
@@ -169,7 +180,7 @@ def collect_timestamp(s: str, pos: int) -> tuple[float, int] | None:
     if pos >= len(s) or not "0" <= s[pos] <= "9":
         return None
     string, pos = _collect_digits(s, pos)
-    value1 = int(string)
+    value1 = _whole_number(string)
     # Step 7: anything but exactly two digits <= 59 in front must be hours.
     if len(string) != 2 or value1 > 59:
         hours_first = True
@@ -199,8 +210,24 @@ def collect_timestamp(s: str, pos: int) -> tuple[float, int] | None:
     value4 = int(string)
     if value2 > 59 or value3 > 59:
         return None
-    # Same operations in the same order as the spec, so the double equals the browser's.
-    return value1 * 60 * 60 + value2 * 60 + value3 + value4 / 1000, pos
+    # Same operations in the same order as the spec, so the double equals the browser's. The
+    # spec puts no bound on the hours: a sum past the largest double is +Infinity, which is
+    # where a double's arithmetic ends up too (float() of so large an int raises instead).
+    whole = value1 * 60 * 60 + value2 * 60 + value3
+    try:
+        seconds = float(whole)
+    except OverflowError:
+        seconds = math.inf
+    return seconds + value4 / 1000, pos
+
+
+def _whole_number(digits: str) -> int | float:
+    """ASCII digits as an integer, or +Infinity when no double could hold it (int() refuses
+    strings past a few thousand digits; past 309 significant digits a double is infinite)."""
+    significant = digits.lstrip("0")
+    if len(significant) > _DOUBLE_DIGITS:
+        return math.inf
+    return int(significant or "0")
 
 
 def parse_percentage(s: str) -> float | None:
@@ -264,6 +291,12 @@ def parse_cue_settings(
                 if _LINE_NUMBER.fullmatch(linepos) is None:
                     continue
                 number = float(linepos) + 0.0  # + 0.0: HTML float parsing has no -0
+                # HTML "rules for parsing floating-point number values": a value that rounds
+                # to +-2^1024 is an error, and an error skips the setting. float() rounds the
+                # same way and gives +-inf exactly then (Chromium agrees: 2^1024 - 2^970 is
+                # skipped, one less is kept as the largest double).
+                if math.isinf(number):
+                    continue
             if comma:
                 if linealign not in LINE_ALIGN_VALUES:
                     continue
@@ -330,7 +363,9 @@ def parse_region_settings(text: str) -> Region:
                 width = number
         elif name == "lines":
             if _DIGITS.fullmatch(value):
-                lines = int(value)
+                # VTTRegion.lines is an unsigned long; like Chromium's parser, a larger
+                # number saturates at its maximum instead of wrapping around.
+                lines = int(min(_whole_number(value), MAX_REGION_LINES))
         elif name in ("regionanchor", "viewportanchor"):
             x_text, comma, y_text = value.partition(",")
             if not comma:

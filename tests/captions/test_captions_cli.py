@@ -6,6 +6,9 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
+from sfu_sidecar.cli import main
 from tests.conftest import sidecar_command
 
 
@@ -64,3 +67,33 @@ def test_signature_only_file_is_valid_and_empty(tmp_path: Path) -> None:
     result = run_check(f)
     assert result.returncode == 0
     assert json.loads(result.stdout) == {"cues": [], "regions": []}
+
+
+def test_numbers_past_a_double_give_the_browser_result_not_a_traceback(tmp_path: Path) -> None:
+    """`line:` with a number too large for a double is skipped (HTML float parsing fails on
+    it, as in Chromium); hours past a double's range make the time Infinity."""
+    f = tmp_path / "big.vtt"
+    f.write_text(
+        "WEBVTT\n\n"
+        f"a\n00:00.000 --> 00:01.000 line:{'1' * 400}\nx\n\n"
+        f"b\n00:00.000 --> 00:01.000 line:4 line:1e400 size:{'9' * 400}%\nx\n\n"
+        f"c\n{'9' * 5000}:00:00.000 --> 00:02.000\nx\n"
+    )
+    result = run_check(f)
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+    cues = json.loads(result.stdout, parse_constant=strict_json)["cues"]
+    assert [(c["id"], c["line"], c["size"]) for c in cues] == [
+        ("a", "auto", 100), ("b", 4, 100), ("c", "auto", 100)
+    ]
+    assert (cues[2]["startTime"], cues[2]["endTime"]) == ("Infinity", 2)
+
+
+def strict_json(name: str) -> None:
+    raise AssertionError(f"{name} is not JSON")
+
+
+def test_a_nul_in_the_file_name_exits_1_with_a_reason(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["captions", "check", "a\x00b.vtt"]) == 1
+    err = capsys.readouterr().err
+    assert "null" in err and "Traceback" not in err

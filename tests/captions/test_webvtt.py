@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -589,3 +590,180 @@ def test_invalid_utf8_byte_by_byte_equals_whole(data: bytes) -> None:
     whole = parse(data)
     assert "\ufffd" in whole.cues[0].text
     assert parse_chunked(data, list(range(1, len(data)))) == whole
+
+
+# --- numbers past a double's range (found in the field: `line:` + 400 digits crashed) ---------
+
+BIG = "1" * 400  # far past the largest double (about 1.8e308)
+# The smallest integer that rounds to 2^1024 (half an ulp above the largest double), and the
+# integer just below it, which rounds to the largest double.
+OVERFLOWS = str(2**1024 - 2**970)
+LARGEST = str(2**1024 - 2**970 - 1)
+
+
+@pytest.mark.parametrize(
+    ("settings", "expected"),
+    [
+        (f"line:{BIG}", {}),
+        (f"line:-{BIG}", {}),
+        (f"line:{BIG}.5", {}),
+        (f"line:{BIG},end", {}),  # the alignment goes with the number it came with
+        (f"line:7 line:{BIG}", {"line": 7}),  # an error skips the setting: the last good wins
+        (f"line:{OVERFLOWS}", {}),
+        (f"line:{LARGEST}", {"line": 1.7976931348623157e308}),
+        (f"line:-{LARGEST}", {"line": -1.7976931348623157e308}),
+        (f"line:0.{BIG}", {"line": 0.1111111111111111}),
+        ("line:1e400", {}),
+        (f"line:{BIG}%", {}),
+        (f"position:{BIG}%", {}),
+        (f"size:{BIG}%", {}),
+        (f"position:50.{'0' * 5000}1%", {"position": 50}),
+        (f"size:{'0' * 5000}7%", {"size": 7}),
+    ],
+)
+def test_huge_numbers_in_cue_settings(settings: str, expected: dict[str, Any]) -> None:
+    """HTML float parsing makes a value that rounds to 2^1024 an error, which skips the
+    setting (6.3 "line" step 3 substep 6)."""
+    assert settings_of(settings) == expected
+
+
+@pytest.mark.parametrize(
+    ("timing", "start", "end"),
+    [
+        (f"{'9' * 400}:00:00.000 --> {'9' * 400}:00:01.000", math.inf, math.inf),
+        (f"{'9' * 5000}:00:00.000 --> 00:01.000", math.inf, 1.0),  # past int()'s digit limit
+        (f"{'0' * 5000}1:00:00.000 --> {'0' * 5000}2:00:00.000", 3600.0, 7200.0),
+        ("4294967296:00:00.000 --> 4294967296:00:01.000", 15461882265600.0, 15461882265601.0),
+        (f"{'9' * 305}:00:00.000 --> 00:01.000", math.inf, 1.0),  # hours * 3600 overflows
+        (f"{'9' * 304}:00:00.000 --> 00:01.000", float(int("9" * 304) * 3600), 1.0),
+    ],
+)
+def test_huge_hours_make_infinite_times(timing: str, start: float, end: float) -> None:
+    """6.3 puts no bound on the hours; a sum past the largest double is +Infinity, kept as the
+    algorithm keeps every time it collects (an end before its start included)."""
+    cue = parse(H + timing + "\nx").cues[0]
+    assert (cue.start, cue.end) == (start, end)
+    out = cue.to_vttcue()
+    # JSON has no infinity: written the way JavaScript prints the number.
+    assert out["startTime"] == ("Infinity" if math.isinf(start) else js(start))
+    json.dumps(out, allow_nan=False)
+
+
+def js(value: float) -> float | int:
+    return int(value) if value == int(value) and abs(value) < 2**53 else value
+
+
+@pytest.mark.parametrize(
+    ("lines", "expected"),
+    [("9" * 5000, 2**32 - 1), ("4294967296", 2**32 - 1), ("4294967295", 2**32 - 1),
+     ("0" * 5000 + "5", 5), ("0", 0)],
+)
+def test_region_lines_saturate_at_unsigned_long(lines: str, expected: int) -> None:
+    """VTTRegion.lines is an unsigned long; Chromium's parser saturates larger numbers."""
+    region = parse(H + f"REGION\nid:r lines:{lines}\n").regions[0]
+    assert region.lines == expected
+    json.dumps(region.to_vttregion(), allow_nan=False)
+
+
+_NUMBER_TEXT = st.one_of(
+    st.sampled_from([BIG, OVERFLOWS, LARGEST, "9" * 5000, "0" * 5000 + "1", "1e400", "-0",
+                     "0.5", ".5", "5.", "1.2.3", "-", "", "4294967296", "NaN", "Infinity"]),
+    st.from_regex(r"-?[0-9]{1,400}(\.[0-9]{1,400})?", fullmatch=True),
+)
+
+
+@st.composite
+def numeric_files(draw: st.DrawFn) -> str:
+    """WebVTT files with generated text in every numeric slot of timings and settings."""
+    n = _NUMBER_TEXT
+    blocks = [
+        f"REGION\nid:r width:{draw(n)}% lines:{draw(n)} regionanchor:{draw(n)}%,{draw(n)}% "
+        f"viewportanchor:{draw(n)}%,{draw(n)}% scroll:up"
+    ]
+    for _ in range(draw(st.integers(1, 4))):
+        hours = draw(st.one_of(st.just(""), n.map(lambda t: t.lstrip("-") + ":")))
+        timing = f"{hours}{draw(n)}:{draw(n)}.{draw(n)} --> {draw(n)}:00:00.000"
+        settings = " ".join(draw(st.lists(st.sampled_from(
+            [f"line:{draw(n)}", f"line:{draw(n)}%", f"line:{draw(n)},end", f"position:{draw(n)}%",
+             f"size:{draw(n)}%", "region:r", "align:start"]), max_size=4)))
+        blocks.append(f"{timing} {settings}\ntext")
+    return H + "\n\n".join(blocks) + "\n"
+
+
+@settings(max_examples=200, deadline=None)
+@given(numeric_files(), st.lists(st.integers(0, 20000), max_size=8))
+def test_numeric_junk_parses_to_json_safe_cues(text: str, cuts: list[int]) -> None:
+    """Whatever the numbers, the parser returns cues (never raises), every attribute is valid
+    JSON, and chunked input gives the same result."""
+    result = parse(text)
+    for cue in result.cues:
+        out = cue.to_vttcue()
+        json.dumps(out, allow_nan=False)
+        assert out["line"] == "auto" or math.isfinite(out["line"])
+        assert math.isfinite(cue.position or 0) and 0 <= cue.size <= 100
+    for region in result.regions:
+        json.dumps(region.to_vttregion(), allow_nan=False)
+        assert 0 <= region.lines <= 2**32 - 1
+    data = text.encode()
+    assert parse_chunked(data, [c for c in cuts if c <= len(data)]) == result
+
+
+def chromium_cues(browser: Any, text: str) -> list[dict[str, Any]]:
+    """The cues Chromium's own WebVTT parser makes of ``text`` (a <track> on a page)."""
+    page = browser.new_page()
+    try:
+        page.route("http://vtt.test/t.vtt", lambda route: route.fulfill(
+            status=200, body=text.encode(), headers={"Content-Type": "text/vtt"}))
+        page.route("http://vtt.test/", lambda route: route.fulfill(
+            status=200, body=b"<video></video>", headers={"Content-Type": "text/html"}))
+        page.goto("http://vtt.test/")
+        cues: list[dict[str, Any]] = page.evaluate(
+            """() => new Promise((resolve, reject) => {
+                const track = document.createElement('track');
+                track.kind = 'subtitles';
+                track.src = 'http://vtt.test/t.vtt';
+                track.default = true;
+                track.onload = () => resolve(Array.from(track.track.cues).map(c => ({
+                    id: c.id, startTime: String(c.startTime), endTime: String(c.endTime),
+                    line: String(c.line), snapToLines: c.snapToLines,
+                    position: String(c.position), size: String(c.size), align: c.align,
+                })));
+                track.onerror = () => reject(new Error('track failed to load'));
+                document.querySelector('video').appendChild(track);
+            })"""
+        )
+        return cues
+    finally:
+        page.close()
+
+
+def test_huge_numbers_match_chromium(browser: Any) -> None:
+    """The overflow cases above, parsed by Chromium's VTTCue parser: same attributes.
+
+    Times are compared only where Chromium can hold them: it keeps media time in integer
+    microseconds, so it reports Infinity from about 2.56e9 hours on, where the algorithm (and
+    this parser) still has a finite time. Past the range of a double both say Infinity.
+    """
+    settings_cases = [
+        f"line:{BIG}", f"line:-{BIG}", f"line:{BIG}.5", f"line:7 line:{BIG}",
+        f"line:{OVERFLOWS}", f"line:{LARGEST}", f"line:-{LARGEST}", f"line:0.{BIG}", "line:1e400",
+        f"line:{BIG}%", f"position:{BIG}%", f"size:{BIG}%", f"position:50.{'0' * 5000}1%",
+        f"size:{'0' * 5000}7%", "line:-0", "line:12.5",
+    ]
+    blocks = [f"c{i}\n00:00.000 --> 00:01.000 {s}\nx" for i, s in enumerate(settings_cases)]
+    blocks.append(f"inf\n{'9' * 400}:00:00.000 --> {'9' * 5000}:00:00.000\nx")
+    blocks.append(f"zeros\n{'0' * 5000}1:00:00.000 --> 1000000:00:00.000\nx")
+    text = H + "\n\n".join(blocks) + "\n"
+    ours = {c.id: c.to_vttcue() for c in parse(text).cues}
+    theirs = {c["id"]: c for c in chromium_cues(browser, text)}
+    assert set(theirs) == set(ours)
+
+    def number(value: Any) -> Any:
+        return value if value == "auto" else float(value)
+
+    for cue_id, cue in ours.items():
+        chromium = theirs[cue_id]
+        for key in ("startTime", "endTime", "line", "position", "size"):
+            assert number(chromium[key]) == number(cue[key]), (cue_id, key, chromium, cue)
+        assert chromium["snapToLines"] == cue["snapToLines"], (cue_id, chromium, cue)
+        assert chromium["align"] == cue["align"], (cue_id, chromium, cue)
