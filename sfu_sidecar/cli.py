@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from sfu_sidecar import __version__, logs
@@ -21,6 +22,16 @@ def _add_settings(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("settings (flag > env SFU_SIDECAR_* > --config file)")
     for flag, kwargs in flags_for_argparse():
         group.add_argument(flag, **kwargs)
+
+
+def _non_negative(text: str) -> int:
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is below 0")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_settings(clock)
     clock.add_argument(
-        "--count", type=int, default=0, metavar="N", help="stop after N lines (0: run until ^C)"
+        "--count", type=_non_negative, default=0, metavar="N",
+        help="stop after N lines (0: run until ^C)",
     )
 
     captions = sub.add_parser("captions", help="caption tools")
@@ -61,38 +73,66 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return settings_from_namespace(args, os.environ, args.config)
+def _settings(args: argparse.Namespace, env: Mapping[str, str]) -> Settings:
+    return settings_from_namespace(args, env, args.config)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+@dataclass(frozen=True)
+class Invocation:
+    """A command line parsed and validated, before anything runs."""
+
+    command: str  # "serve", "demo", "clock" or "captions check"
+    args: argparse.Namespace
+    settings: Settings | None  # for the commands that take settings
+
+
+def prepare(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> Invocation:
+    """Parse ``argv`` and load every setting; start nothing.
+
+    Bad syntax exits 2 through argparse (usage and reason on stderr); a bad setting raises
+    :class:`ConfigError`. Everything a command line can get wrong is found here, so ``main``
+    can refuse it before any component starts.
+    """
+    args = build_parser().parse_args(argv)
+    env = os.environ if env is None else env
+    if args.command == "captions":
+        return Invocation(f"captions {args.captions_command}", args, None)
+    return Invocation(args.command, args, _settings(args, env))
+
+
+def _execute(invocation: Invocation) -> int:
+    args, settings = invocation.args, invocation.settings
+    if invocation.command == "captions check":
+        from sfu_sidecar.captions.cli import check_file
+
+        return check_file(args.file)
+    assert settings is not None
+    logs.configure(settings.log_level, settings.log_format)
+    if invocation.command == "demo":
+        from sfu_sidecar.demo import run_demo
+
+        return run_demo(settings)
+    if invocation.command == "clock":
+        from sfu_sidecar.clock.cli import run_clock
+
+        return run_clock(settings, count=args.count)
+    from sfu_sidecar.app import run  # serve
+
+    return run(settings)
+
+
+def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> int:
     try:
-        if args.command in ("serve", "demo"):
-            settings = _settings(args)
-            logs.configure(settings.log_level, settings.log_format)
-            if args.command == "demo":
-                from sfu_sidecar.demo import run_demo
-
-                return run_demo(settings)
-            from sfu_sidecar.app import run
-
-            return run(settings)
-        if args.command == "clock":
-            settings = _settings(args)
-            logs.configure(settings.log_level, settings.log_format)
-            from sfu_sidecar.clock.cli import run_clock
-
-            return run_clock(settings, count=args.count)
-        if args.command == "captions" and args.captions_command == "check":
-            from sfu_sidecar.captions.cli import check_file
-
-            return check_file(args.file)
+        invocation = prepare(argv, env)
+        return _execute(invocation)
     except ConfigError as exc:
         print(f"sfu-sidecar: configuration error: {exc.reason}", file=sys.stderr)
         return 2
+    except OSError as exc:
+        # What the system refuses at start-up (an address in use or not local, a folder that
+        # cannot be created): the reason, not a traceback. Logged with it at debug level.
+        logs.get("cli").debug("start-up failed", exc_info=True)
+        print(f"sfu-sidecar: cannot start: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
-    parser.error(f"unknown command {args.command}")
-    return 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import ipaddress
+import re
 import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -125,7 +126,26 @@ def _parse_path(raw: RawValue) -> Path:
     value = _as_str(raw)
     if not value:
         raise _Invalid("must not be empty")
+    if "\x00" in value:
+        raise _Invalid("a path cannot contain a NUL character")
     return Path(value)
+
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_.-]{0,251}[A-Za-z0-9_.])?")
+
+
+def _parse_host(raw: RawValue) -> str:
+    """An IP address or a host name to bind; empty binds every interface, as in asyncio."""
+    value = _as_str(raw)
+    if not value:
+        return value
+    try:
+        return str(ipaddress.ip_address(value))
+    except ValueError:
+        pass
+    if _HOST_NAME.fullmatch(value) is None:
+        raise _Invalid("expected an IP address or a host name")
+    return value
 
 
 def _parse_port_range(raw: RawValue) -> PortRange | None:
@@ -265,7 +285,7 @@ def _setting(
 class Settings:
     """Every knob of the service. Build with :func:`load_settings`, never field by field."""
 
-    host: str = _setting("0.0.0.0", _as_str, "address the HTTP server binds", metavar="ADDR")
+    host: str = _setting("0.0.0.0", _parse_host, "address the HTTP server binds", metavar="ADDR")
     port: int = _setting(8080, _parse_int(1, 65535), "HTTP port", metavar="PORT")
     data_dir: Path = _setting(
         Path("data"), _parse_path, "folder for durable state (caption store)", metavar="DIR"
@@ -373,15 +393,22 @@ def env_name(name: str) -> str:
 
 
 def read_config_file(path: Path) -> dict[str, RawValue]:
+    if "\x00" in str(path):
+        raise ConfigError("--config: a file name cannot contain a NUL character")
     try:
         with path.open("rb") as fh:
             data = tomllib.load(fh)
     except FileNotFoundError:
         raise ConfigError(f"--config {path}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"--config {path}: not valid TOML: {exc}") from None
     except OSError as exc:
-        raise ConfigError(f"--config {path}: {exc.strerror}") from None
+        raise ConfigError(f"--config {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"--config {path}: not valid TOML: not UTF-8 text") from None
+    except (ValueError, RecursionError) as exc:
+        # TOMLDecodeError, and what tomllib lets through from below it: int()'s digit limit
+        # on a huge integer, the interpreter's recursion limit on arrays nested thousands deep.
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise ConfigError(f"--config {path}: not valid TOML: {reason}") from None
     # Accept keys either at top level or under [sfu_sidecar], so one file can hold other tools.
     section = data.get("sfu_sidecar", data)
     if not isinstance(section, dict):
@@ -421,7 +448,9 @@ def load_settings(
             continue
         try:
             values[f.name] = f.metadata["parse"](raw)
-        except _Invalid as exc:
+        except ValueError as exc:
+            # _Invalid, and the ValueError a library parser (urlsplit, ipaddress, int) raises
+            # for text it refuses: either way the value is bad, never the program.
             raise ConfigError(f"{origin}: {exc}") from None
     return Settings(**values)
 

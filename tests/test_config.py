@@ -94,6 +94,11 @@ def test_ice_servers_parse_stun_and_turn_credentials() -> None:
         ({"cors_origins": "null"}, "'null': expected an origin such as https://"),
         ({"cors_origins": "https://a.example/app"}, "expected an origin such as"),
         ({"cors_origins": "http://a.example:70000"}, "'http://a.example:70000': bad port"),
+        # A library parser's own ValueError is a bad value too, not a crash.
+        ({"cors_origins": "http://[::1"}, "--cors-origins http://[::1: Invalid IPv6 URL"),
+        ({"data_dir": "a\x00b"}, "a path cannot contain a NUL character"),
+        ({"host": "no such host"}, "--host no such host: expected an IP address or a host"),
+        ({"host": "http://x"}, "expected an IP address or a host name"),
     ],
 )
 def test_validation_errors_name_the_setting_and_the_reason(
@@ -126,6 +131,32 @@ def test_invalid_toml_and_missing_file(tmp_path: Path) -> None:
         load_settings(config_path=write_toml(tmp_path, "port = = 1"))
     with pytest.raises(ConfigError, match="no such file"):
         load_settings(config_path=tmp_path / "absent.toml")
+
+
+def test_toml_that_tomllib_fails_on_below_its_own_errors(tmp_path: Path) -> None:
+    cases = [
+        (b"port = " + b"9" * 5000, "not valid TOML: Exceeds the limit"),  # int() digit limit
+        (b"a = " + b"[" * 5000 + b"]" * 5000, "not valid TOML: nested too deeply"),
+        (b'port = "\xff"', "not valid TOML: not UTF-8 text"),
+    ]
+    for content, message in cases:
+        path = tmp_path / "bad.toml"
+        path.write_bytes(content)
+        with pytest.raises(ConfigError, match=message):
+            load_settings(config_path=path)
+    with pytest.raises(ConfigError, match="cannot contain a NUL"):
+        load_settings(config_path=Path("a\x00b.toml"))
+    with pytest.raises(ConfigError, match="Is a directory"):
+        load_settings(config_path=tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("host", "expected"),
+    [("0.0.0.0", "0.0.0.0"), ("::", "::"), ("0:0::1", "::1"), ("localhost", "localhost"),
+     ("relay-1.example.org", "relay-1.example.org"), ("", "")],
+)
+def test_host_is_an_address_or_a_name(host: str, expected: str) -> None:
+    assert load_settings({"host": host}).host == expected
 
 
 def test_port_range_value() -> None:
