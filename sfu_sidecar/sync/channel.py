@@ -116,6 +116,10 @@ class SyncService(RelayObserver):
             "sync_records_dropped", "Frame records dropped for slow or stalled viewers"
         )
         self._joins = metrics.counter("sync_clock_joins", "clock_req answered on sync channels")
+        self._sr_refused = metrics.counter(
+            "sync_sender_reports_refused",
+            "Publisher sender reports refused as inconsistent with each other or the media",
+        )
 
     # --- component ------------------------------------------------------------------------
 
@@ -199,9 +203,14 @@ class SyncService(RelayObserver):
 
     def publisher_sender_report(self, stream: str, kind: str, report: SenderReport) -> None:
         arrival = report.arrival_ns if report.arrival_ns is not None else self.now_ns()
-        self._publisher(stream).sync.on_sender_report(
-            kind, report.ntp_timestamp, report.rtp_timestamp, arrival
-        )
+        sync = self._publisher(stream).sync
+        mapping = sync.tracks.get(kind)
+        refused = mapping.sr_rejected if mapping is not None else 0
+        sync.on_sender_report(kind, report.ntp_timestamp, report.rtp_timestamp, arrival)
+        if mapping is not None and mapping.sr_rejected > refused:
+            self._sr_refused.inc(mapping.sr_rejected - refused)
+            log.warning("stream %s %s: sender reports not used, capture time from arrival: %s",
+                        stream, kind, mapping.sr_distrust)
 
     def data_channel(
         self, session: PublisherSession | ViewerSession, channel: RTCDataChannel
@@ -399,6 +408,24 @@ class SyncService(RelayObserver):
             "telemetry": dataclasses.asdict(entry.telemetry) if entry.telemetry else None,
         }
 
+    def publisher_status(self, stream: str) -> dict[str, Any]:
+        """Per track: where capture times come from and what became of the sender reports."""
+        pub = self.publishers.get(stream)
+        tracks: dict[str, Any] = {}
+        for kind, m in (pub.sync.tracks.items() if pub is not None else ()):
+            cur = m.current
+            tracks[kind] = {
+                "source": cur.source.name.lower() if cur is not None else None,
+                "estimated": cur.estimated if cur is not None else None,
+                "drift_ppb": cur.drift_ppb if cur is not None else None,
+                "sender_reports_refused": m.sr_rejected,
+                "sender_reports_distrusted": m.sr_distrust,
+            }
+        return {"stream": stream, "tracks": tracks}
+
     async def _status_route(self, request: web.Request) -> web.Response:
         now = self.now_ns()
-        return json_ok({"viewers": [self.viewer_status(v, now) for v in self.viewers.values()]})
+        return json_ok({
+            "viewers": [self.viewer_status(v, now) for v in self.viewers.values()],
+            "publishers": [self.publisher_status(s) for s in self.publishers],
+        })

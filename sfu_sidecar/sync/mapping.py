@@ -11,7 +11,12 @@ Sources, best first (DESIGN.md "Timelines"), and each result says which one it c
 2. **RTCP sender reports**: RFC 3550 section 6.4.1 says an SR's NTP and RTP timestamps name the
    same instant, so successive SRs give a line RTP -> publisher NTP (its slope is the drift of
    the RTP clock against the publisher's NTP clock); the publisher's clock offset moves it to
-   house time.
+   house time. Publishers do send inconsistent reports (GStreamer 1.22's ``webrtcbin`` advances
+   the SR's RTP timestamp at twice the clock rate of its media), so reports are trusted only once
+   checked against each other and against the media that actually arrives: two reports at least
+   half a second apart whose RTP advance matches their NTP advance, and whose line puts every
+   frame's capture before its arrival and within a sane latency of it, stable over time. A
+   track whose reports fail is marked and mapped from arrivals for the rest of its timeline.
 3. **arrival**: the house time the first packet of the frame arrived; the anchor line is the
    lower envelope of arrivals (minimum delay), the least jittered guess there is.
 
@@ -37,6 +42,16 @@ MASK32 = 0xFFFFFFFF
 NTP_UNIX_OFFSET_S = 2_208_988_800
 # RTP clocks drift by tens of ppm; a fitted slope past this is a bad fit, not a clock.
 MAX_DRIFT_PPB = 1_000_000
+# Sender report checks. Two reports this far apart measure their rate to well under 0.1 %.
+SR_MIN_SPAN_NS = 500_000_000
+# Capture precedes arrival; this much apparent lead is left to estimate error (the publisher
+# offset taken from the least-delay report, jitter of the report's send instant).
+SR_MAX_LEAD_NS = 50_000_000
+# A live publisher captures at most this long before its packets arrive.
+SR_MAX_LATENCY_NS = 5_000_000_000
+# The latency a report line implies may wander by this much from the latency at trust time
+# (queueing, arrival-window changes) before the reports count as out of step with the media.
+SR_MAX_LATENCY_CHANGE_NS = 100_000_000
 
 ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
 
@@ -295,6 +310,9 @@ class TrackMapping:
         self._arrival_window = arrival_window
         self.ssrc: int | None = None
         self.resets = 0
+        self.sr_rejected = 0  # sender reports refused by the checks
+        # Why this track's reports are not used, None while they are (or none came yet).
+        self.sr_distrust: str | None = None
         self._version = 0
         self._map: LinearMap | None = None
         self._start_timeline()
@@ -302,6 +320,9 @@ class TrackMapping:
     def _start_timeline(self) -> None:
         self._unwrap = RtpTimestampUnwrapper()
         self._sr: deque[tuple[int, int]] = deque(maxlen=self._sr_window)  # (ext, publisher ns)
+        self._sr_pending: tuple[int, int] | None = None  # a first report awaiting a second
+        self._sr_latency: int | None = None  # latency the trusted line implied when trusted
+        self.sr_distrust = None
         self._abs: deque[tuple[int, int]] = deque()  # (ext, sender-clock ns), ≥ 100 ms apart
         self._abs_last: tuple[int, int] | None = None
         self._arrivals: deque[tuple[int, int]] = deque(maxlen=self._arrival_window)
@@ -377,13 +398,70 @@ class TrackMapping:
             self._unwrap.unwrap(rtp_ts)
         )
         self.publisher.observe_sender_report(publisher_ns, arrival_ns)
-        if self._sr and ext <= self._sr[-1][0]:
+        newest = self._sr[-1] if self._sr else self._sr_pending
+        if newest is not None and ext <= newest[0]:
             return True  # repeated or reordered report adds no new line
-        self._sr.append((ext, publisher_ns))
+        if self.sr_distrust is None:
+            self._check_sender_report(ext, publisher_ns)
         last = self._unwrap.last
         assert last is not None
         self._refresh(last)
         return True
+
+    def _check_sender_report(self, ext: int, publisher_ns: int) -> None:
+        """Take the report into the line only if it agrees with the reports before it and with
+        the media; the first one waits for a second to vouch for its rate."""
+        newest = self._sr[-1] if self._sr else self._sr_pending
+        if newest is not None:
+            p_ext, p_ns = newest
+            span = publisher_ns - p_ns
+            if span <= 0:
+                return self._distrust("sender report NTP time not increasing")
+            if span < SR_MIN_SPAN_NS:
+                if not self._sr:
+                    return None  # too close to the pending one to measure a rate: wait
+            else:
+                ratio = (ext - p_ext) * NS / self.clock_rate / span
+                if abs(ratio - 1.0) * NS > MAX_DRIFT_PPB:
+                    return self._distrust(
+                        f"sender report RTP time advances {ratio:.3f}x its NTP time")
+        latency = self._implied_latency(ext, publisher_ns)
+        if latency is not None:
+            if latency < -SR_MAX_LEAD_NS:
+                return self._distrust(
+                    f"sender reports put capture {-latency / 1e6:.0f} ms after arrival")
+            if latency > SR_MAX_LATENCY_NS:
+                return self._distrust(
+                    f"sender reports put capture {latency / 1e9:.1f} s before arrival")
+            if (self._sr_latency is not None
+                    and abs(latency - self._sr_latency) > SR_MAX_LATENCY_CHANGE_NS):
+                return self._distrust(
+                    f"sender reports drift {(latency - self._sr_latency) / 1e6:+.0f} ms "
+                    "against the media")
+        if newest is None or (not self._sr and publisher_ns - newest[1] < SR_MIN_SPAN_NS):
+            self._sr_pending = (ext, publisher_ns)
+            return None
+        if not self._sr:
+            assert self._sr_pending is not None
+            self._sr.append(self._sr_pending)
+            self._sr_latency = latency
+        self._sr.append((ext, publisher_ns))
+        return None
+
+    def _implied_latency(self, ext: int, publisher_ns: int) -> int | None:
+        """Least capture-to-arrival delay of recent frames if the report's line were true."""
+        offset = self.publisher.offset_ns
+        if offset is None or not self._arrivals:
+            return None
+        line_at_zero = publisher_ns + offset - self._ticks_ns(ext)
+        return min(d for _, d in self._arrivals) - line_at_zero
+
+    def _distrust(self, reason: str) -> None:
+        self.sr_rejected += 1
+        self.sr_distrust = reason
+        self._sr.clear()
+        self._sr_pending = None
+        self._sr_latency = None
 
     # --- outputs --------------------------------------------------------------------------
 

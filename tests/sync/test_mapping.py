@@ -3,6 +3,7 @@ simulated with exactly known capture times."""
 
 from __future__ import annotations
 
+import itertools
 import random
 from dataclasses import dataclass
 
@@ -133,13 +134,13 @@ def test_sender_reports_map_frames_to_true_capture_time_across_the_wrap() -> Non
     clock.join(PUB_OFFSET)
     m = TrackMapping(90_000, clock)
     frames = _feed_video(m, track, 20.0)
-    assert all(src is Source.SENDER_REPORT for _, _, src in frames)
-    # The first second extrapolates without a drift estimate: 20 ppm of at most 1 s.
-    errors = [abs(cap - track.true_capture(ticks)) for ticks, cap, _ in frames]
-    assert max(errors[:30]) < 25_000
+    # The first report waits for a second one to vouch for its rate: arrival until then.
+    assert all(src is Source.ARRIVAL for _, _, src in frames[:30])
+    assert all(src is Source.SENDER_REPORT for _, _, src in frames[30:])
     # From the second SR on the slope is fitted: the error is the SR timestamps' own
     # rounding to whole ticks (one 90 kHz tick is 11.1 µs), wrap included.
-    assert max(errors[30:]) < 12_000
+    errors = [abs(cap - track.true_capture(ticks)) for ticks, cap, _ in frames[30:]]
+    assert max(errors) < 12_000
     assert any(ticks > 900_000 for ticks, _, _ in frames)  # the wrap was crossed
     cur = m.current
     assert cur is not None and not cur.estimated and abs(cur.drift_ppb + 20_000) < 50
@@ -155,6 +156,12 @@ def test_arrival_until_the_first_sender_report() -> None:
     assert not m.on_sender_report(8, *track.sr(HOUSE_T0), HOUSE_T0)  # not our SSRC
     assert m.on_sender_report(7, *track.sr(HOUSE_T0), HOUSE_T0 + 30_000_000)
     t = HOUSE_T0 + NS // 30
+    got = m.on_rtp(7, track.rtp_at(t), t + 30_000_000)
+    assert got.source is Source.ARRIVAL  # one report alone is not trusted yet
+    t_sr = HOUSE_T0 + NS
+    m.on_rtp(7, track.rtp_at(t_sr), t_sr + 30_000_000)
+    assert m.on_sender_report(7, *track.sr(t_sr), t_sr + 30_000_000)
+    t = t_sr + NS // 30
     got = m.on_rtp(7, track.rtp_at(t), t + 30_000_000)
     assert got.source is Source.SENDER_REPORT
     assert abs(got.capture_ns - t) <= 1
@@ -299,7 +306,8 @@ def test_publisher_reconnect_starts_a_new_timeline() -> None:
     cur = m.current
     assert cur is not None and cur.reset and cur.version > first.version
     m.on_sender_report(0xBBBB, *new.sr(start), start + 20_000_000)
-    t = start + NS // 30
+    m.on_sender_report(0xBBBB, *new.sr(start + NS), start + NS + 20_000_000)
+    t = start + NS + NS // 30
     got = m.on_rtp(0xBBBB, new.rtp_at(t), t + 20_000_000)
     assert got.source is Source.SENDER_REPORT and abs(got.capture_ns - t) <= 12_000
     assert m.current is not None and not m.current.reset  # reset flags the first map only
@@ -361,3 +369,88 @@ def test_retransmitted_packet_of_an_older_frame_is_not_a_new_frame() -> None:
     # Mapped by the arrival line, not given the retransmission's arrival.
     assert abs(late.capture_ns - HOUSE_T0) < 1_000_000
     assert m.on_rtp(1, 9000, HOUSE_T0 + 66_000_000).first_packet
+
+
+# --- sender reports that disagree with the media ----------------------------------------------
+
+
+def _sr_trace(m: TrackMapping, track: SimTrack, seconds: float, sr_rtp: object,
+              net_delay_ns: int = 3_000_000) -> list[tuple[int, int, Source]]:
+    """30 fps media at the nominal rate with an SR every 1 s whose RTP timestamp comes from
+    ``sr_rtp(house_ns)`` (a publisher's own, possibly wrong, idea). Returns (arrival, mapped,
+    source) per frame."""
+    assert callable(sr_rtp)
+    out = []
+    next_sr = HOUSE_T0 + NS // 2
+    for i in range(int(seconds * 30)):
+        t = HOUSE_T0 + i * NS // 30
+        if t >= next_sr:
+            m.on_sender_report(track.ssrc, unix_ns_to_ntp(t - PUB_OFFSET), sr_rtp(t),
+                               t + net_delay_ns)
+            next_sr += NS
+        got = m.on_rtp(track.ssrc, track.rtp_at(t), t + net_delay_ns)
+        out.append((t + net_delay_ns, got.capture_ns, got.source))
+    return out
+
+
+def _monotonic_and_rate(frames: list[tuple[int, int, Source]]) -> float:
+    captures = [c for _, c, _ in frames]
+    assert all(b > a for a, b in itertools.pairwise(captures)), "went backwards"
+    (a0, c0, _), (a1, c1, _) = frames[0], frames[-1]
+    return (c1 - c0) / (a1 - a0) - 1.0
+
+
+def test_sender_reports_running_at_twice_the_media_rate_are_refused() -> None:
+    """GStreamer 1.22 webrtcbin: the SR's RTP timestamp advances 2x against its (correct) NTP
+    time while its packets advance at the nominal rate. Used, such reports throw capture time
+    back by seconds at every report; refused, the track maps from arrivals and stays steady."""
+    track = SimTrack(90_000, base=5_000, ssrc=9)
+    m = TrackMapping(90_000, PublisherClock())
+    frames = _sr_trace(m, track, 30.0,
+                       lambda t: (track.base + 2 * (t - HOUSE_T0) * 90_000 // NS) & 0xFFFFFFFF)
+    assert abs(_monotonic_and_rate(frames)) < 1e-3
+    assert {src for _, _, src in frames} == {Source.ARRIVAL}
+    assert m.sr_distrust is not None and "2.000x" in m.sr_distrust
+    assert m.sr_rejected == 1
+
+
+def test_sender_reports_that_put_capture_after_arrival_are_refused() -> None:
+    track = SimTrack(90_000, base=77, ssrc=3)
+    m = TrackMapping(90_000, PublisherClock())
+    # Right rate, but the RTP timestamp names an instant 300 ms earlier than the NTP time.
+    frames = _sr_trace(m, track, 10.0, lambda t: track.rtp_at(t - 300_000_000))
+    assert {src for _, _, src in frames} == {Source.ARRIVAL}
+    assert m.sr_distrust is not None and "after arrival" in m.sr_distrust
+    _monotonic_and_rate(frames)
+
+
+def test_sender_reports_drifting_from_the_media_are_dropped_when_they_part() -> None:
+    """Reports consistent among themselves (their RTP runs 800 ppm fast against their NTP,
+    inside what a clock may drift) while the packets run at the nominal rate: trusted while
+    they agree with arrivals, refused once the two part by more than 100 ms (~2 minutes)."""
+    track = SimTrack(90_000, base=1, ssrc=4)
+    m = TrackMapping(90_000, PublisherClock())
+    frames = _sr_trace(m, track, 150.0,
+                       lambda t: (track.base + round((t - HOUSE_T0) * 90_072 / NS)) & 0xFFFFFFFF)
+    sources = [src for _, _, src in frames]
+    assert Source.SENDER_REPORT in sources and sources[-1] is Source.ARRIVAL
+    assert m.sr_distrust is not None and "against the media" in m.sr_distrust
+
+
+def test_consistent_sender_reports_are_kept_for_the_whole_stream() -> None:
+    track = SimTrack(90_000, base=123_456, ssrc=5, rtp_drift=30e-6)
+    m = TrackMapping(90_000, PublisherClock())
+    frames = _sr_trace(m, track, 60.0, track.rtp_at)
+    assert m.sr_distrust is None and m.sr_rejected == 0
+    assert all(src is Source.SENDER_REPORT for _, _, src in frames[60:])
+    assert abs(_monotonic_and_rate(frames)) < 1e-3
+
+
+def test_a_new_timeline_trusts_reports_afresh() -> None:
+    track = SimTrack(90_000, base=5_000, ssrc=9)
+    m = TrackMapping(90_000, PublisherClock())
+    _sr_trace(m, track, 5.0,
+              lambda t: (track.base + 2 * (t - HOUSE_T0) * 90_000 // NS) & 0xFFFFFFFF)
+    assert m.sr_distrust is not None
+    m.reset(10)
+    assert m.sr_distrust is None
