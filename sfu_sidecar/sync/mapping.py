@@ -42,8 +42,16 @@ MASK32 = 0xFFFFFFFF
 NTP_UNIX_OFFSET_S = 2_208_988_800
 # RTP clocks drift by tens of ppm; a fitted slope past this is a bad fit, not a clock.
 MAX_DRIFT_PPB = 1_000_000
-# Sender report checks. Two reports this far apart measure their rate to well under 0.1 %.
+# Sender report checks. Two reports at least this far apart measure their rate.
 SR_MIN_SPAN_NS = 500_000_000
+# How far a sender may stamp a report off its true RTP <-> NTP relation: aiortc, for one, pairs
+# the send time of its last packet with that packet's timestamp, which is late by the encode and
+# pacing delay (a few ms, up to a frame interval). A rate error shows as much more than this
+# within SR_MIN_SPAN_NS (0.5 s for a report running at twice the media rate).
+SR_JITTER_NS = 40_000_000
+# Reports within this of one line (after the nominal rate) count as exact: a fitted drift is
+# real. Tens of ppm of true drift over a window of eight reports stay far below it.
+SR_EXACT_NS = 1_000_000
 # Capture precedes arrival; this much apparent lead is left to estimate error (the publisher
 # offset taken from the least-delay report, jitter of the report's send instant).
 SR_MAX_LEAD_NS = 50_000_000
@@ -421,10 +429,10 @@ class TrackMapping:
                 if not self._sr:
                     return None  # too close to the pending one to measure a rate: wait
             else:
-                ratio = (ext - p_ext) * NS / self.clock_rate / span
-                if abs(ratio - 1.0) * NS > MAX_DRIFT_PPB:
+                advance = (ext - p_ext) * NS // self.clock_rate
+                if abs(advance - span) > span * MAX_DRIFT_PPB // NS + SR_JITTER_NS:
                     return self._distrust(
-                        f"sender report RTP time advances {ratio:.3f}x its NTP time")
+                        f"sender report RTP time advances {advance / span:.3f}x its NTP time")
         latency = self._implied_latency(ext, publisher_ns)
         if latency is not None:
             if latency < -SR_MAX_LEAD_NS:
@@ -447,6 +455,24 @@ class TrackMapping:
             self._sr_latency = latency
         self._sr.append((ext, publisher_ns))
         return None
+
+    def _sr_line(self) -> tuple[int, int, int]:
+        """(anchor ext, publisher ns, drift ppb) from the trusted reports.
+
+        Reports that lie on one line (an exact sender, such as a browser that derives both
+        halves from the capture clock) give the newest point and the fitted drift. Reports
+        that scatter (a sender that pairs a packet's timestamp with the time it was sent)
+        are never early, only late by that sender's delay: the least late of the window is
+        the anchor, and the slope is left nominal, since jitter of milliseconds over a window
+        of seconds would fit a drift of hundreds of ppm that is not there.
+        """
+        residuals = [ns - self._ticks_ns(ext) for ext, ns in self._sr]
+        if max(residuals) - min(residuals) <= SR_EXACT_NS:
+            s_ext, s_ns = self._sr[-1]
+            return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate)
+        best = min(range(len(residuals)), key=residuals.__getitem__)
+        s_ext, s_ns = self._sr[best]
+        return s_ext, s_ns, 0
 
     def _implied_latency(self, ext: int, publisher_ns: int) -> int | None:
         """Least capture-to-arrival delay of recent frames if the report's line were true."""
@@ -494,9 +520,8 @@ class TrackMapping:
                 return Source.ABS_CAPTURE_TIME, a_ext, a_ns + offset, \
                     _drift_ppb(self._abs, self.clock_rate), estimated
         if offset is not None and self._sr:
-            s_ext, s_ns = self._sr[-1]
-            return Source.SENDER_REPORT, s_ext, s_ns + offset, \
-                _drift_ppb(self._sr, self.clock_rate), estimated
+            s_ext, s_ns, drift = self._sr_line()
+            return Source.SENDER_REPORT, s_ext, s_ns + offset, drift, estimated
         if self._arrivals:
             lowest = min(d for _, d in self._arrivals)
             return Source.ARRIVAL, ext, lowest + self._ticks_ns(ext), 0, False

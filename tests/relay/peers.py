@@ -98,6 +98,7 @@ class Peer:
     answer: str
     sent: list[RtpPacket] = field(default_factory=list)
     received: list[RtpPacket] = field(default_factory=list)
+    received_ns: list[int] = field(default_factory=list)  # wall-clock arrival of each received
     rtcp_received: list[bytes] = field(default_factory=list)
     tracks: dict[str, MediaStreamTrack] = field(default_factory=dict)
     drop: Callable[[RtpPacket], bool] | None = None
@@ -151,6 +152,7 @@ def _record_received(peer: Peer) -> None:
                 peer.dropped.append(pkt)
                 return
             peer.received.append(pkt)
+            peer.received_ns.append(time.time_ns())
             await _orig(data, arrival_time_ms)
 
         dtls._handle_rtp_data = handle  # type: ignore[method-assign]
@@ -253,3 +255,27 @@ async def frames(track: MediaStreamTrack, count: int, limit_s: float) -> list[An
         for _ in range(count):
             out.append(await track.recv())
     return out
+
+
+def _section(sdp: str, kind: str) -> list[str]:
+    return sdp.split(f"m={kind}", 1)[1].split("m=", 1)[0].splitlines()
+
+
+def _ssrc_in(sdp: str, kind: str) -> int:
+    line = next(x for x in _section(sdp, kind) if x.startswith("a=ssrc:"))
+    return int(line.split()[0].split(":")[1])
+
+
+def received_ssrc(peer: Peer, kind: str) -> int:
+    """SSRC of the relay's ``kind`` stream to a viewer (from the relay's answer)."""
+    return _ssrc_in(peer.answer, kind)
+
+
+def sent_ssrc(peer: Peer, kind: str) -> int:
+    """SSRC a publisher sends ``kind`` with (from its own offer)."""
+    return _ssrc_in(peer.pc.localDescription.sdp, kind)
+
+
+def mid_of(peer: Peer, kind: str) -> str:
+    line = next(x for x in _section(peer.answer, kind) if x.startswith("a=mid:"))
+    return line.split(":", 1)[1].strip()
