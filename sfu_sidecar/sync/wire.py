@@ -352,6 +352,20 @@ class Telemetry:
 
 
 @dataclass(frozen=True, slots=True)
+class Playout:
+    """What a viewer measures of its own playout since its previous report."""
+
+    stream: str
+    t_ns: int  # viewer's house-time estimate when it sent this
+    frames: int  # frames presented with both their video and audio capture time known
+    av_skew_ms: float  # median over those of audio capture - video capture played together
+    captions: int  # cues that started showing
+    caption_error_ms: float  # mean of (capture time of the first frame showing a cue - start)
+    resyncs: int  # sync timelines the page restarted (reset anchors)
+    type: ClassVar[str] = "playout"
+
+
+@dataclass(frozen=True, slots=True)
 class UnknownControl:
     """A control map whose ``type`` this version does not know; kept, not refused, so a
     newer peer's additions never cost the records travelling with them."""
@@ -360,11 +374,14 @@ class UnknownControl:
     fields: Mapping[str, Any] = field(default_factory=dict)
 
 
-Control = Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry | UnknownControl
-KnownControl = Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry
+KnownControl = (
+    Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry | Playout
+)
+Control = KnownControl | UnknownControl
 
 CONTROL_TYPES: dict[str, type[KnownControl]] = {
-    cls.type: cls for cls in (Epoch, Cue, CueRetract, ClockReq, ClockResp, ClockReport, Telemetry)
+    cls.type: cls
+    for cls in (Epoch, Cue, CueRetract, ClockReq, ClockResp, ClockReport, Telemetry, Playout)
 }
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
 

@@ -35,6 +35,8 @@ export const CONTROL_SCHEMAS = Object.freeze({
   clock_report: [["offset_ns", "int"], ["error_ns", "int"], ["rtt_ns", "int"]],
   telemetry: [["stream", "str"], ["t_ns", "int"], ["presented", "int"], ["mapped", "int"],
     ["lost_batches", "int"]],
+  playout: [["stream", "str"], ["t_ns", "int"], ["frames", "int"], ["av_skew_ms", "float"],
+    ["captions", "int"], ["caption_error_ms", "float"], ["resyncs", "int"]],
 });
 
 const I64_MIN = -(1n << 63n);

@@ -1,0 +1,532 @@
+"""Timing statistics of published tracks and of their viewers. Pure: every time is passed in.
+
+Per published track, :class:`TrackStats` takes each RTP packet in arrival order and keeps
+
+* RFC 3550 §6.4.1 interarrival jitter, the exact recurrence ``J += (|D| - J) / 16`` in
+  timestamp units (:class:`InterarrivalJitter`);
+* frame-interval jitter: how far each frame's arrival gap strays from the gap its RTP
+  timestamps announce, as RMS and peak-to-peak over the last ``FRAME_WINDOW`` frames, and the
+  excess kurtosis of the last ``KURTOSIS_WINDOW`` arrival gaps (a renderer that stalls and then
+  bursts gives a heavy-tailed gap distribution);
+* capture-time discontinuities by cause (:class:`Cause`);
+* a robust line through capture time against arrival time (:class:`ClockFit`): the publisher
+  clock's rate error in ppm and its offset against the house clock in ms, with the spread of the
+  points around the line.
+
+Per viewer, :class:`ViewerStats` keeps what the viewer reports: receiver-report jitter per track,
+the A/V skew it is playing, its caption timing error and its clock-join error.
+
+Everything per packet is a few arithmetic operations; per frame, a few appends to bounded
+deques; the windowed figures and the line fit are computed when read (about once a second), so
+the cost per packet and per frame stays O(1) amortised.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import deque
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+import numpy as np
+
+from sfu_sidecar.sync.wire import Playout
+
+NS = 1_000_000_000
+MS = 1_000_000
+MASK32 = 0xFFFFFFFF
+
+# A capture-time step this far ahead of the arrival step, or any step backwards, is a
+# discontinuity rather than jitter (ITU-T G.1050 counts delay steps of this order as route
+# changes); such steps are also kept out of the jitter figures.
+DISCONTINUITY_NS = 800_000_000
+FRAME_WINDOW = 64  # frames in the RMS / peak-to-peak window: about 2 s of 30 fps video
+KURTOSIS_WINDOW = 32
+BURSTY_KURTOSIS = 3.5
+# Jitter grades, ms: below GOOD a 20-40 ms playout buffer hides it; above FAIR buffers grow
+# visibly or frames are dropped.
+GOOD_MS = 10.0
+FAIR_MS = 30.0
+# Clock fit: one point per bucket (its least-delayed frame: the lower envelope of arrivals is
+# where queueing noise is smallest), the last FIT_POINTS buckets (32 s) in the fit.
+FIT_BUCKET_NS = 500_000_000
+FIT_POINTS = 64
+FIT_MIN_POINTS = 4
+# 1.4826 x MAD estimates a normal distribution's standard deviation.
+MAD_TO_SIGMA = 1.4826
+
+RTP_BASIS = "rtp"
+
+
+class Cause(StrEnum):
+    """Why a track's capture timeline broke."""
+
+    PUBLISHER_RECONNECT = "publisher_reconnect"  # a new publisher session: new clock, new bases
+    SSRC_CHANGE = "ssrc_change"  # same session, a new source (encoder restart, simulcast switch)
+    TIMESTAMP_JUMP = "timestamp_jump"  # same source, timestamps leapt ahead or went back
+
+
+def signed32(value: int) -> int:
+    """A 32-bit difference as a signed number (RFC 3550 timestamps wrap at 2**32)."""
+    value &= MASK32
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def grade(jitter_ms: float | None) -> str | None:
+    """``good`` below 10 ms, ``fair`` up to 30 ms, ``poor`` above; None without a value."""
+    if jitter_ms is None:
+        return None
+    if jitter_ms < GOOD_MS:
+        return "good"
+    return "fair" if jitter_ms <= FAIR_MS else "poor"
+
+
+def rms(values: Iterable[float]) -> float | None:
+    vals = list(values)
+    if not vals:
+        return None
+    return math.sqrt(math.fsum(v * v for v in vals) / len(vals))
+
+
+def peak_to_peak(values: Sequence[float]) -> float | None:
+    return max(values) - min(values) if values else None
+
+
+def excess_kurtosis(values: Sequence[float]) -> float | None:
+    """Population excess kurtosis ``m4 / m2**2 - 3`` (moments about the mean, divided by n).
+
+    0 for a normal distribution, -1.2 for a uniform one, large for a few outliers among
+    regular values. None with fewer than four values or no spread at all.
+    """
+    n = len(values)
+    if n < 4:
+        return None
+    mean = math.fsum(values) / n
+    m2 = math.fsum((v - mean) ** 2 for v in values) / n
+    if m2 <= 1e-18:
+        return None
+    m4 = math.fsum((v - mean) ** 4 for v in values) / n
+    return m4 / (m2 * m2) - 3.0
+
+
+class InterarrivalJitter:
+    """RFC 3550 §6.4.1 interarrival jitter of one RTP source, in timestamp units.
+
+    ``D(i, j) = (Rj - Ri) - (Sj - Si)`` for consecutive packets in arrival order (not sequence
+    order), ``J += (|D| - J) / 16``, in floating point rather than A.8's integer scaling. Arrival
+    times are converted to timestamp units at the nominal clock rate; timestamps are compared
+    modulo 2**32. A step of more than ``DISCONTINUITY_NS`` is a discontinuity, not jitter, and
+    is left out.
+    """
+
+    __slots__ = ("_last_arrival_ns", "_last_ts", "_limit", "clock_rate", "jitter")
+
+    def __init__(self, clock_rate: int) -> None:
+        self.clock_rate = clock_rate
+        self.jitter = 0.0
+        self._last_ts: int | None = None
+        self._last_arrival_ns = 0
+        self._limit = DISCONTINUITY_NS * clock_rate / NS
+
+    def add(self, timestamp: int, arrival_ns: int) -> None:
+        if self._last_ts is not None:
+            d = ((arrival_ns - self._last_arrival_ns) * self.clock_rate / NS
+                 - signed32(timestamp - self._last_ts))
+            d = abs(d)
+            if d <= self._limit:
+                self.jitter += (d - self.jitter) / 16.0
+        self._last_ts = timestamp
+        self._last_arrival_ns = arrival_ns
+
+    def reset(self) -> None:
+        self.jitter = 0.0
+        self._last_ts = None
+
+    @property
+    def jitter_ms(self) -> float:
+        return self.jitter * 1000.0 / self.clock_rate
+
+
+def theil_sen(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
+    """Theil-Sen line: the median of the slopes of all pairs, then the median intercept.
+
+    Robust to up to ~29 % of wild points; O(n**2) pairs, done in numpy for the few dozen
+    points a fit holds.
+    """
+    xs = np.asarray(x, dtype=np.float64)
+    ys = np.asarray(y, dtype=np.float64)
+    i, j = np.triu_indices(len(xs), k=1)
+    dx = xs[j] - xs[i]
+    keep = dx != 0
+    if not keep.any():
+        raise ValueError("theil_sen needs two distinct x values")
+    slope = float(np.median((ys[j] - ys[i])[keep] / dx[keep]))
+    intercept = float(np.median(ys - slope * xs))
+    return slope, intercept
+
+
+@dataclass(frozen=True, slots=True)
+class ClockModel:
+    """capture = arrival + offset, with the offset changing at ``rate_error_ppm``.
+
+    ``rate_error_ppm``: how much faster the publisher's capture clock runs than the house
+    clock (alpha). ``offset_ms``: capture time minus arrival time at ``at_ns`` (beta): when capture
+    times are on the house clock this is minus the capture-to-arrival latency; on the
+    ``rtp`` basis it is relative to the track's first frame. ``residual_ms``: robust spread of
+    the points around the line (sigma).
+    """
+
+    basis: str
+    rate_error_ppm: float
+    offset_ms: float
+    residual_ms: float
+    at_ns: int
+    points: int
+    span_s: float
+
+    def offset_ms_at(self, arrival_ns: int) -> float:
+        return self.offset_ms + (arrival_ns - self.at_ns) / MS * self.rate_error_ppm * 1e-6
+
+
+class ClockFit:
+    """Robust linear fit of capture time against arrival time for one track.
+
+    Feed every frame's (arrival, capture) pair; the frame with the largest ``capture -
+    arrival`` (least delayed) of each ``FIT_BUCKET_NS`` of arrival time becomes a point, and
+    :meth:`model` fits the last ``FIT_POINTS`` points with :func:`theil_sen`.
+    """
+
+    def __init__(self, basis: str = RTP_BASIS) -> None:
+        self.basis = basis
+        self._points: deque[tuple[int, int]] = deque(maxlen=FIT_POINTS)
+        self._bucket: int | None = None
+        self._best: tuple[int, int] | None = None
+        self._model: ClockModel | None = None
+        self._dirty = False
+
+    def add(self, arrival_ns: int, capture_ns: int) -> None:
+        bucket = arrival_ns // FIT_BUCKET_NS
+        if bucket != self._bucket:
+            if self._best is not None:
+                self._points.append(self._best)
+                self._dirty = True
+            self._bucket, self._best = bucket, (arrival_ns, capture_ns)
+        elif self._best is not None and capture_ns - arrival_ns > self._best[1] - self._best[0]:
+            self._best = (arrival_ns, capture_ns)
+
+    def model(self) -> ClockModel | None:
+        """The fit over the closed buckets; None before FIT_MIN_POINTS of them."""
+        if not self._dirty:
+            return self._model
+        self._dirty = False
+        pts = list(self._points)
+        if len(pts) < FIT_MIN_POINTS:
+            self._model = None
+            return None
+        x0, y0 = pts[0]
+        # Seconds from the first point: float64 keeps well under a nanosecond at this range.
+        xs = [(a - x0) / NS for a, _ in pts]
+        ys = [(c - y0) / NS for _, c in pts]
+        slope, intercept = theil_sen(xs, ys)
+        residuals = np.asarray(ys) - (slope * np.asarray(xs) + intercept)
+        sigma = MAD_TO_SIGMA * float(np.median(np.abs(residuals - np.median(residuals))))
+        at_ns, x_last = pts[-1][0], xs[-1]
+        offset_s = (y0 - x0) / NS + slope * x_last + intercept - x_last
+        self._model = ClockModel(
+            basis=self.basis,
+            rate_error_ppm=(slope - 1.0) * 1e6,
+            offset_ms=offset_s * 1000.0,
+            residual_ms=sigma * 1000.0,
+            at_ns=at_ns,
+            points=len(pts),
+            span_s=x_last,
+        )
+        return self._model
+
+
+@dataclass(frozen=True, slots=True)
+class Discontinuity:
+    cause: Cause
+    arrival_ns: int
+    ssrc: int
+    # Capture step minus arrival step, ms; None when the timeline itself was replaced.
+    jump_ms: float | None
+
+
+class TrackStats:
+    """Timing statistics of one published track (one kind of one stream)."""
+
+    def __init__(self, kind: str, clock_rate: int) -> None:
+        self.kind = kind
+        self.clock_rate = clock_rate
+        self.packets = 0
+        self.frames = 0
+        self.reordered = 0
+        self.ssrc: int | None = None
+        self.publisher: str | None = None
+        self.jitter = InterarrivalJitter(clock_rate)
+        self.deviations_ms: deque[float] = deque(maxlen=FRAME_WINDOW)
+        self.intervals_ms: deque[float] = deque(maxlen=KURTOSIS_WINDOW)
+        self.last_deviation_ms: float | None = None  # of the newest frame, None if it had none
+        self.discontinuities: dict[Cause, int] = dict.fromkeys(Cause, 0)
+        self.last_discontinuity: Discontinuity | None = None
+        self.fit = ClockFit()
+        self._external_basis: str | None = None
+        self._max_seq = 0
+        self._frame_ts = 0
+        self._frame_arrival = 0
+        self._frame_ext = 0  # unwrapped timestamp of the newest frame
+        self._first_arrival = 0
+        self._first_ext = 0
+        self._ticks_to_ns = NS / clock_rate
+        self._limit_ns = DISCONTINUITY_NS
+
+    # --- input --------------------------------------------------------------------------------
+
+    def on_packet(
+        self, publisher: str, ssrc: int, seq: int, timestamp: int, arrival_ns: int
+    ) -> bool:
+        """One RTP packet in arrival order. True when it is the first packet of a new frame
+        (then :attr:`last_deviation_ms` is that frame's deviation and the caller may hand its
+        capture time to :meth:`on_frame_capture`)."""
+        self.packets += 1
+        if ssrc != self.ssrc or publisher != self.publisher:
+            self._restart(publisher, ssrc, seq, timestamp, arrival_ns)
+            return True
+        self.jitter.add(timestamp, arrival_ns)
+        ahead = (seq - self._max_seq) & 0xFFFF
+        if ahead == 0 or ahead >= 0x8000:
+            self.reordered += ahead != 0
+            return False  # an older packet (reordered or repaired): never a new frame
+        self._max_seq = seq
+        step = signed32(timestamp - self._frame_ts)
+        if step == 0:
+            return False
+        gap_ns = arrival_ns - self._frame_arrival
+        capture_step_ns = step * self._ticks_to_ns
+        if step < 0 or capture_step_ns - gap_ns > self._limit_ns:
+            self._discontinuity(Cause.TIMESTAMP_JUMP, ssrc, arrival_ns,
+                                (capture_step_ns - gap_ns) / MS)
+            self._start_frames(timestamp, arrival_ns)
+            return True
+        self.frames += 1
+        deviation = (gap_ns - capture_step_ns) / MS
+        self.last_deviation_ms = deviation
+        self.deviations_ms.append(deviation)
+        self.intervals_ms.append(gap_ns / MS)
+        self._frame_ts = timestamp
+        self._frame_arrival = arrival_ns
+        self._frame_ext += step
+        if self._external_basis is None:
+            self.fit.add(arrival_ns, self._rtp_capture_ns(self._frame_ext))
+        return True
+
+    def on_frame_capture(self, arrival_ns: int, capture_ns: int | None, basis: str) -> None:
+        """The newest frame's capture time on another basis than its RTP timestamps (e.g. the
+        house clock, from the publisher's clock join); None returns to the RTP basis. A change
+        of basis starts a new fit."""
+        if capture_ns is None:
+            if self._external_basis is not None:
+                self._external_basis = None
+                self.fit = ClockFit()
+                self.fit.add(arrival_ns, self._rtp_capture_ns(self._frame_ext))
+            return
+        if basis != self._external_basis:
+            self._external_basis = basis
+            self.fit = ClockFit(basis)
+        self.fit.add(arrival_ns, capture_ns)
+
+    def _rtp_capture_ns(self, ext: int) -> int:
+        # The RTP timeline placed on the arrival clock at the timeline's first frame.
+        return self._first_arrival + round((ext - self._first_ext) * self._ticks_to_ns)
+
+    def _restart(
+        self, publisher: str, ssrc: int, seq: int, timestamp: int, arrival_ns: int
+    ) -> None:
+        if self.publisher is not None:
+            cause = Cause.PUBLISHER_RECONNECT if publisher != self.publisher else Cause.SSRC_CHANGE
+            self._discontinuity(cause, ssrc, arrival_ns, None)
+        self.publisher, self.ssrc = publisher, ssrc
+        self.jitter.reset()
+        self.jitter.add(timestamp, arrival_ns)
+        self._max_seq = seq
+        self._start_frames(timestamp, arrival_ns)
+
+    def _start_frames(self, timestamp: int, arrival_ns: int) -> None:
+        """A new capture timeline: frame gaps across the break mean nothing."""
+        self._frame_ts = timestamp
+        self._frame_arrival = self._first_arrival = arrival_ns
+        self._frame_ext = self._first_ext = 0
+        self.last_deviation_ms = None
+        self.fit = ClockFit()
+        self._external_basis = None
+        self.fit.add(arrival_ns, arrival_ns)
+
+    def _discontinuity(
+        self, cause: Cause, ssrc: int, arrival_ns: int, jump_ms: float | None
+    ) -> None:
+        self.discontinuities[cause] += 1
+        self.last_discontinuity = Discontinuity(cause, arrival_ns, ssrc, jump_ms)
+
+    # --- output -------------------------------------------------------------------------------
+
+    @property
+    def frame_jitter_rms_ms(self) -> float | None:
+        return rms(self.deviations_ms)
+
+    @property
+    def frame_jitter_p2p_ms(self) -> float | None:
+        return peak_to_peak(self.deviations_ms)
+
+    @property
+    def kurtosis(self) -> float | None:
+        """Excess kurtosis of the last KURTOSIS_WINDOW arrival gaps (None until it is full)."""
+        if len(self.intervals_ms) < KURTOSIS_WINDOW:
+            return None
+        return excess_kurtosis(self.intervals_ms)
+
+    @property
+    def discontinuity_count(self) -> int:
+        return sum(self.discontinuities.values())
+
+    def summary(self) -> dict[str, object]:
+        """Every figure of the track, JSON-ready (ms, ppm)."""
+        jitter_ms = self.jitter.jitter_ms
+        rms_ms = self.frame_jitter_rms_ms
+        kurt = self.kurtosis
+        model = self.fit.model()
+        last = self.last_discontinuity
+        return {
+            "kind": self.kind,
+            "clock_rate": self.clock_rate,
+            "ssrc": self.ssrc,
+            "packets": self.packets,
+            "frames": self.frames,
+            "reordered": self.reordered,
+            "jitter": {
+                "rfc3550_ticks": round(self.jitter.jitter, 3),
+                "rfc3550_ms": round(jitter_ms, 3),
+                "grade": grade(jitter_ms),
+            },
+            "frame_interval": {
+                "window": len(self.deviations_ms),
+                "rms_ms": _round(rms_ms),
+                "peak_to_peak_ms": _round(self.frame_jitter_p2p_ms),
+                "grade": grade(rms_ms),
+                "kurtosis": _round(kurt),
+                "bursty": kurt is not None and kurt > BURSTY_KURTOSIS,
+            },
+            "discontinuities": {
+                "total": self.discontinuity_count,
+                **{cause.value: n for cause, n in self.discontinuities.items()},
+                "last": None if last is None else {
+                    "cause": last.cause.value, "arrival_ns": last.arrival_ns,
+                    "ssrc": last.ssrc, "jump_ms": _round(last.jump_ms),
+                },
+            },
+            "clock": None if model is None else {
+                "basis": model.basis,
+                "rate_error_ppm": round(model.rate_error_ppm, 3),
+                "offset_ms": round(model.offset_ms, 3),
+                "residual_ms": round(model.residual_ms, 3),
+                "points": model.points,
+                "span_s": round(model.span_s, 3),
+            },
+        }
+
+
+def capture_skew_ms(audio: ClockModel | None, video: ClockModel | None,
+                    at_ns: int) -> float | None:
+    """A/V capture-time skew of one publisher at arrival time ``at_ns``: audio capture minus
+    video capture of what arrives together, ms. Positive: audio leads (ITU-R BT.1359 sign).
+    Only when both fits share a clock basis other than their separate RTP timelines."""
+    if audio is None or video is None or audio.basis != video.basis or audio.basis == RTP_BASIS:
+        return None
+    return audio.offset_ms_at(at_ns) - video.offset_ms_at(at_ns)
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+# --- viewers ----------------------------------------------------------------------------------
+
+
+class ViewerStats:
+    """What one viewer's reports say about its playout."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self.rr_jitter_ms: dict[str, float] = {}
+        self.rr_fraction_lost: dict[str, float] = {}
+        self.av_skew_ms: float | None = None
+        self.caption_error_ms: float | None = None
+        self.clock_error_ms: float | None = None
+        self.resyncs = 0
+        self.reports = 0
+        self.last_report_ns: int | None = None
+
+    def on_receiver_report(
+        self, kind: str, jitter_ticks: int, clock_rate: int, fraction_lost: int
+    ) -> None:
+        self.rr_jitter_ms[kind] = jitter_ticks * 1000.0 / clock_rate
+        self.rr_fraction_lost[kind] = fraction_lost / 256.0
+
+    def on_playout(self, report: Playout, now_ns: int) -> None:
+        self.reports += 1
+        self.last_report_ns = now_ns
+        self.resyncs += report.resyncs
+        if report.frames > 0:
+            self.av_skew_ms = report.av_skew_ms
+        if report.captions > 0:
+            self.caption_error_ms = report.caption_error_ms
+
+    def on_clock_report(self, error_ns: int) -> None:
+        self.clock_error_ms = error_ns / MS
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "rr_jitter_ms": {k: round(v, 3) for k, v in self.rr_jitter_ms.items()},
+            "rr_jitter_grade": {k: grade(v) for k, v in self.rr_jitter_ms.items()},
+            "fraction_lost": dict(self.rr_fraction_lost),
+            "av_skew_ms": _round(self.av_skew_ms),
+            "caption_error_ms": _round(self.caption_error_ms),
+            "clock_error_ms": _round(self.clock_error_ms),
+            "resyncs": self.resyncs,
+            "reports": self.reports,
+        }
+
+
+def _spread(values: list[float]) -> dict[str, float] | None:
+    if not values:
+        return None
+    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
+            "max": round(max(values), 3)}
+
+
+def worst_skew_ms(values: Iterable[float]) -> float | None:
+    """The skew farthest from zero, with its sign (the viewer in the worst lip sync)."""
+    return max(values, key=abs, default=None)
+
+
+def viewer_summary(viewers: Iterable[ViewerStats]) -> dict[str, object]:
+    """Across one stream's viewers: counts, and median/min/max of each reported figure."""
+    vs = list(viewers)
+    kinds = sorted({k for v in vs for k in v.rr_jitter_ms})
+    skews = [v.av_skew_ms for v in vs if v.av_skew_ms is not None]
+    worst_rr = max((x for v in vs for x in v.rr_jitter_ms.values()), default=None)
+    return {
+        "viewers": len(vs),
+        "reporting": sum(1 for v in vs if v.reports),
+        "rr_jitter_ms": {k: _spread([v.rr_jitter_ms[k] for v in vs if k in v.rr_jitter_ms])
+                         for k in kinds},
+        "rr_jitter_grade": grade(worst_rr),
+        "av_skew_ms": _spread(skews),
+        "av_skew_worst_ms": _round(worst_skew_ms(skews)),
+        "caption_error_ms": _spread([v.caption_error_ms for v in vs
+                                     if v.caption_error_ms is not None]),
+        "clock_error_ms": _spread([v.clock_error_ms for v in vs if v.clock_error_ms is not None]),
+        "resyncs": sum(v.resyncs for v in vs),
+    }
