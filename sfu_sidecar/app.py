@@ -60,6 +60,7 @@ def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     """Every component in start order. Later components may depend on earlier ones."""
     from sfu_sidecar.captions.service import CaptionService
     from sfu_sidecar.clock.service import ClockService
+    from sfu_sidecar.probe.service import ProbeService
     from sfu_sidecar.relay import RelayService
     from sfu_sidecar.sync.channel import SyncService
 
@@ -68,7 +69,10 @@ def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     captions = CaptionService(settings, metrics, now_ns)
     relay = RelayService(settings, metrics, now_ns=now_ns, media_clock=clock.sdp_attributes)
     sync = SyncService(relay, metrics, now_ns=now_ns, captions=captions)
-    return [clock, captions, relay, sync]
+    # After sync: the relay calls observers in order, so the probe sees each packet's capture
+    # time once sync has mapped it.
+    probe = ProbeService(settings, relay, metrics, now_ns=now_ns, sync=sync, clock=clock)
+    return [clock, captions, relay, sync, probe]
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -113,8 +117,9 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/", _index)
     app.router.add_get(r"/{page:[a-z_-]+}.html", _page)
-    if (WEB_DIR / "js").is_dir():
-        app.router.add_static("/js", WEB_DIR / "js")
+    for folder in ("js", "vendor"):
+        if (WEB_DIR / folder).is_dir():
+            app.router.add_static(f"/{folder}", WEB_DIR / folder)
     for component in components:
         component.add_routes(app)
 

@@ -41,8 +41,9 @@ MAX_AGE_S = 600
 
 _WHIP_WHEP = re.compile(r"^/wh[ie]p/")
 _CAPTION_API = re.compile(r"^/api/streams/[^/]+/captions(/|$)")
-# WebSockets any origin may open: the clock join stores nothing and tells only the time.
-_OPEN_WEBSOCKETS = frozenset({"/api/clock/ws"})
+# WebSockets any origin may open: the clock join stores nothing and tells only the time; the
+# dashboard push is read-only and carries what the GET routes already show to any origin.
+_OPEN_WEBSOCKETS = frozenset({"/api/clock/ws", "/api/dashboard/ws"})
 
 
 def allowed_methods(path: str) -> str:

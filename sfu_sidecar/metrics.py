@@ -48,5 +48,11 @@ class Metrics:
     def gauge(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Gauge:
         return Gauge(name, doc, list(labels), namespace=NAMESPACE, registry=self.registry)
 
+    def histogram(
+        self, name: str, doc: str, buckets: tuple[float, ...], labels: tuple[str, ...] = ()
+    ) -> Histogram:
+        return Histogram(name, doc, list(labels), namespace=NAMESPACE, registry=self.registry,
+                         buckets=buckets)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

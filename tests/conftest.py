@@ -41,6 +41,7 @@ TOOL_PACKAGES = {
     "chromium": "chromium", "ptp4l": "linuxptp", "pmc": "linuxptp", "chronyd": "chrony",
     "ffmpeg": "ffmpeg", "ffprobe": "ffmpeg", "ip": "iproute2", "unshare": "util-linux",
     "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
+    "promtool": "prometheus",
 }
 NOT_RUN = "NOT RUN: "
 

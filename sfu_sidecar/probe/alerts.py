@@ -174,12 +174,15 @@ class Alerts:
         self.recent.append(event)
         return event
 
-    def forget(self, subjects: Iterable[str], now_ns: int) -> list[AlertEvent]:
-        """The subjects are gone (a stream ended): clear their active alerts."""
+    def forget(self, subjects: Iterable[str], now_ns: int,
+               names: Iterable[str] | None = None) -> list[AlertEvent]:
+        """The subjects are gone (a stream ended, its publisher left): clear their active
+        alerts, or only those named."""
         gone = set(subjects)
+        only = None if names is None else set(names)
         events = []
         for (name, subject), st in list(self._states.items()):
-            if subject in gone:
+            if subject in gone and (only is None or name in only):
                 del self._states[(name, subject)]
                 if st.active:
                     event = AlertEvent(name, subject, "cleared", st.value, now_ns,

@@ -373,6 +373,11 @@ class TrackStats:
     # --- output -------------------------------------------------------------------------------
 
     @property
+    def last_frame_ns(self) -> int:
+        """Arrival of the newest frame's first packet."""
+        return self._frame_arrival
+
+    @property
     def frame_jitter_rms_ms(self) -> float | None:
         return rms(self.deviations_ms)
 

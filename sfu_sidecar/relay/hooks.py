@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from aiortc.rtcdatachannel import RTCDataChannel
 
+    from sfu_sidecar.relay.rtcp import ReportBlock
     from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
 SDES_MID = "urn:ietf:params:rtp-hdrext:sdes:mid"
@@ -112,3 +113,10 @@ class RelayObserver:
 
     def viewer_closed(self, viewer: ViewerSession) -> None:
         """The viewer left or failed; its tracks receive nothing more."""
+
+    def viewer_receiver_report(
+        self, viewer: ViewerSession, kind: str, report: ReportBlock
+    ) -> None:
+        """A report block the viewer sent about its ``kind`` track (RTCP RR or SR, about once
+        a second): loss and RFC 3550 interarrival jitter as the viewer measures them, the
+        jitter in the track's clock units."""

@@ -602,6 +602,7 @@ class ViewerSession(_PeerSession):
                     output = self._output_for(block.ssrc)
                     if output is not None:
                         output.last_report = block
+                        self._notify("viewer_receiver_report", self, output.kind, block)
 
     def _output_for(self, ssrc: int) -> ViewerOutput | None:
         for output in self.tracks.values():

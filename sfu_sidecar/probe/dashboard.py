@@ -1,0 +1,99 @@
+"""The operator dashboard's push channel: one WebSocket per open dashboard, one JSON per tick.
+
+Each tick's snapshot is serialised once and the same text goes to every dashboard. A dashboard
+whose previous push has not left yet skips this one (it is a live view: the next snapshot
+replaces it), so a stalled browser never holds up the others or queues memory. A dashboard that
+connects first gets the recent history, so its plots start full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+HISTORY_TICKS = 120  # two minutes of one-second ticks
+MAX_DASHBOARDS = 64
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), allow_nan=False)
+
+
+@dataclass(eq=False)
+class _Dashboard:
+    ws: web.WebSocketResponse
+    sending: asyncio.Task[None] | None = None
+    sent: int = 0
+    skipped: int = 0
+
+
+class DashboardHub:
+    """Open dashboards and the recent ticks; ``publish`` sends one tick to all."""
+
+    def __init__(self, hello: Callable[[], dict[str, Any]],
+                 history: int = HISTORY_TICKS) -> None:
+        self._hello = hello  # static part of the first message (alert rules, version)
+        self.history: deque[str] = deque(maxlen=history)
+        self.dashboards: set[_Dashboard] = set()
+        self.pushes = 0
+        self.skipped = 0
+
+    def publish(self, tick: dict[str, Any]) -> str:
+        """Serialise ``tick`` once, keep it for late joiners and push it to every dashboard."""
+        text = dumps(tick)
+        self.history.append(text)
+        for dash in list(self.dashboards):
+            if dash.sending is not None and not dash.sending.done():
+                dash.skipped += 1
+                self.skipped += 1
+                continue
+            dash.sending = asyncio.create_task(self._send(dash, text))
+            self.pushes += 1
+        return text
+
+    async def _send(self, dash: _Dashboard, text: str) -> None:
+        try:
+            await dash.ws.send_str(text)
+            dash.sent += 1
+        except (ConnectionError, RuntimeError):
+            self.dashboards.discard(dash)  # closed under us; its handler finishes the rest
+
+    def hello_text(self) -> str:
+        # The stored ticks are JSON already: splice them in rather than decode and re-encode.
+        head = dumps({"type": "hello", **self._hello()})
+        return f'{head[:-1]},"history":[{",".join(self.history)}]}}'
+
+    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+        """``GET /api/dashboard/ws``: read-only; whatever a dashboard sends is ignored."""
+        if len(self.dashboards) >= MAX_DASHBOARDS:
+            raise web.HTTPServiceUnavailable(reason="too many open dashboards")
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096)
+        await ws.prepare(request)
+        dash = _Dashboard(ws)
+        try:
+            await ws.send_str(self.hello_text())
+            self.dashboards.add(dash)
+            async for msg in ws:
+                if msg.type == WSMsgType.ERROR:
+                    break
+        except ConnectionError:
+            pass
+        finally:
+            self.dashboards.discard(dash)
+            if dash.sending is not None:
+                dash.sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await dash.sending
+        return ws
+
+    async def close(self) -> None:
+        for dash in list(self.dashboards):
+            await dash.ws.close()
+        self.dashboards.clear()
