@@ -1,0 +1,120 @@
+"""Capture timelines of publishers nobody here wrote, and of the product's own client, over 60 s.
+
+Each case runs ``tests.interop.publisher_probe`` in a loopback-only namespace: the product, one
+publisher, and an aiortc viewer reading the ``sync`` channel. For every kind the capture time of
+the viewer's frames never goes backwards and advances at 1 s per second within 0.1 %; where the
+true capture instant is known it is checked against it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.netns
+
+SECONDS = 60
+SETTLE_S = 3  # before the publisher's first reports arrive, capture time comes from arrivals
+FRAME_MS_30FPS = 33.4
+
+
+def probe(kind: str, viewer: str = "aiortc", seconds: int = SECONDS) -> dict[str, Any]:
+    script = (f"ip link set lo up && exec {sys.executable} -m tests.interop.publisher_probe "
+              f"{kind} {seconds} {SETTLE_S} {viewer}")
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=seconds + 120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print(json.dumps(result))  # the figures, for the run's log
+    return result
+
+
+def steady_timeline(result: dict[str, Any]) -> None:
+    for media, fps in (("video", 25), ("audio", 45)):
+        fig = result[media]
+        assert fig["frames"] >= fps * (SECONDS - SETTLE_S - 5), (media, fig)
+        assert fig["backwards"] == 0, (media, fig)
+        assert abs(fig["rate_ppm"]) <= 1000, (media, fig)  # 1 s per second within 0.1 %
+
+
+def track_status(result: dict[str, Any], media: str) -> dict[str, Any]:
+    (pub,) = result["publishers"]
+    status: dict[str, Any] = pub["tracks"][media]
+    return status
+
+
+@pytest.mark.needs("/usr/bin/python3", "gst-launch-1.0")
+def test_gstreamer_publisher_sending_only_sender_reports() -> None:
+    """webrtcbin (GStreamer 1.22): its reports' RTP time runs at twice its media's rate. The
+    product refuses them, says why, and keeps a steady timeline from arrivals."""
+    result = probe("gstreamer")
+    steady_timeline(result)
+    for media in ("video", "audio"):
+        assert result[media]["sources"] == {"arrival": result[media]["frames"]}
+        status = track_status(result, media)
+        assert status["sender_reports_refused"] >= 1
+        assert "advances" in status["sender_reports_distrusted"]
+
+
+@pytest.mark.browser
+@pytest.mark.needs("/usr/bin/python3", "gst-launch-1.0")
+def test_gstreamer_publisher_on_the_products_viewer_page() -> None:
+    """The same publisher watched in Chromium with the product's page: the capture time of every
+    presented frame moves forward at 1 s per second of arrival, where it used to jump back by
+    seconds at every sender report."""
+    seconds = 30
+    page = probe("gstreamer", "chromium", seconds)["page"]
+    assert page["frames"] >= 25 * (seconds - SETTLE_S - 5), page
+    assert page["backwards"] == 0 and page["repeated"] == 0, page
+    assert abs(page["rate_ppm"]) <= 1000, page
+    advanced = page["stream_s_last"] - page["stream_s_first"]
+    assert seconds - SETTLE_S - 3 <= advanced <= seconds - SETTLE_S + 1, page
+
+
+@pytest.mark.browser
+@pytest.mark.parametrize("act", [False, True], ids=["sender-reports", "abs-capture-time"])
+def test_chromium_publisher(act: bool) -> None:
+    """Chromium publishing a canvas whose frames carry the instant they were drawn, with and
+    without abs-capture-time. Chromium stamps a canvas frame when it grabs it, up to a frame
+    after it was drawn, so the drawn instant is truth only to within a frame interval."""
+    result = probe("chromium-act" if act else "chromium")
+    assert result["publish"]["act"] is act
+    steady_timeline(result)
+    source = "abs_capture_time" if act else "sender_report"
+    video = result["video"]
+    assert video["sources"].get(source, 0) == video["frames"], video
+    assert video["truth_n"] >= 0.9 * video["frames"]
+    assert video["abs_err_p95_ms"] <= FRAME_MS_30FPS, video
+    assert abs(video["err_median_ms"]) <= 10, video
+    assert track_status(result, "video")["sender_reports_distrusted"] is None
+
+
+def test_aiortc_publisher_with_sender_reports_only() -> None:
+    """aiortc without abs-capture-time or a clock join: its reports use the host clock, so the
+    capture instant of every packet is known. Reports stamped at send time, late by aiortc's
+    encode and pacing delay, still map within 5 ms, audio and video on one timeline."""
+    result = probe("aiortc")
+    steady_timeline(result)
+    for media in ("video", "audio"):
+        fig = result[media]
+        assert fig["sources"] == {"sender_report": fig["frames"]}, fig
+        assert fig["truth_n"] == fig["frames"]
+        assert fig["abs_err_p95_ms"] <= 5.0, (media, fig)
+    assert abs(result["av_skew_ms"]) <= 5.0, result
+
+
+def test_aiortc_publisher_with_capture_stamps_and_a_clock_join() -> None:
+    """The product's own client: abs-capture-time and a clock join give the exact timeline."""
+    result = probe("aiortc-join")
+    assert result["publish"]["joined"]
+    steady_timeline(result)
+    video = result["video"]
+    assert video["sources"] == {"abs_capture_time": video["frames"]}
+    assert video["truth_n"] >= 0.9 * video["frames"]
+    assert video["abs_err_p95_ms"] <= 1.0, video
