@@ -1,1 +1,1 @@
-"""Sync metadata: capture time of every forwarded frame, delivered to viewers (issue 5)."""
+"""Sync metadata: capture time of every forwarded frame, delivered to viewers."""

@@ -2,8 +2,9 @@
 
 Why batch at all: in aiortc one DataChannel message is one SCTP chunk in one datagram and
 costs ~0.2 ms of CPU; peers collapsed past a few thousand messages a second, while 32
-records per message carried ~229 k records/s (DESIGN.md, aiortc facts). So a viewer gets at
-most one message per ``interval_ns`` (200 ms: 5 messages/s), each at most one SCTP chunk.
+records per message carried ~229 k records/s (docs/architecture.md, aiortc facts). So a
+viewer gets at most one message per ``interval_ns`` (200 ms: 5 messages/s), each at most one
+SCTP chunk.
 
 What is kept when a viewer falls behind: frame records are only useful before their frame
 is presented, so the backlog of frames is bounded and loses its oldest first, and frames

@@ -1,7 +1,8 @@
 """RTP timestamp -> capture time on the house clock, per published track. Pure: no clock is
 read here; every arrival time is passed in, in house ns.
 
-Sources, best first (DESIGN.md "Timelines"), and each result says which one it came from:
+Sources, best first (docs/architecture.md, "The four timelines"), and each result says which
+one it came from:
 
 1. **abs-capture-time** (http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time): the
    capture timestamp itself (NTP Q32.32 on the capture system's clock), moved to the sender's

@@ -46,7 +46,7 @@ class RecordType(IntEnum):
 
 
 class Source(IntEnum):
-    """Where a capture time came from, best first (DESIGN.md "Timelines")."""
+    """Where a capture time came from, best first (docs/architecture.md, "The four timelines")."""
 
     ABS_CAPTURE_TIME = 0
     SENDER_REPORT = 1
@@ -286,7 +286,7 @@ _STR, _INT, _FLOAT, _BOOL = str, int, float, bool
 
 @dataclass(frozen=True, slots=True)
 class Epoch:
-    """The stream's epoch: stream time 0 in house ns (DESIGN.md "Timelines")."""
+    """The stream's epoch: stream time 0 in house ns (docs/architecture.md, timelines)."""
 
     stream: str
     epoch_ns: int
