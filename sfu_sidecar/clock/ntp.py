@@ -14,11 +14,9 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 from sfu_sidecar.exceptions import BadInput
+from sfu_sidecar.ntptime import ntp_to_unix_ns, unix_ns_to_ntp
 
 NS_PER_S = 1_000_000_000
-# Seconds from 1900-01-01 (NTP prime epoch) to 1970-01-01 (RFC 5905 Figure 4).
-NTP_UNIX_DELTA_S = 2_208_988_800
-ERA_S = 1 << 32
 NTP_VERSION = 4
 WINDOW = 8  # RFC 5905 §10 clock filter: the last eight samples
 PHI_PPB = 15_000  # RFC 5905 §7.2 PHI: 15 ppm frequency tolerance, dispersion growth per second
@@ -41,25 +39,6 @@ class Mode(IntEnum):
 
 
 LEAP_NOT_SYNCHRONIZED = 3
-
-
-def ns_to_ntp(unix_ns: int) -> int:
-    """Unix ns -> 64-bit NTP timestamp (era folded, RFC 5905 §6)."""
-    secs, frac_ns = divmod(unix_ns, NS_PER_S)
-    fraction = (frac_ns << 32) // NS_PER_S
-    return (((secs + NTP_UNIX_DELTA_S) % ERA_S) << 32) | fraction
-
-
-def ntp_to_ns(ntp: int, near_unix_ns: int) -> int:
-    """64-bit NTP timestamp -> Unix ns, choosing the era closest to ``near_unix_ns``.
-
-    RFC 5905 §6: a timestamp is unambiguous within 68 years of a known time.
-    """
-    secs = ntp >> 32
-    frac_ns = ((ntp & 0xFFFFFFFF) * NS_PER_S + (1 << 31)) >> 32
-    near_s = near_unix_ns // NS_PER_S + NTP_UNIX_DELTA_S
-    era = (near_s - secs + ERA_S // 2) // ERA_S
-    return (secs + era * ERA_S - NTP_UNIX_DELTA_S) * NS_PER_S + frac_ns
 
 
 @dataclass(frozen=True)
@@ -126,7 +105,7 @@ class SntpClient:
     def request(self, local_ns: int) -> bytes:
         """A client packet sent at ``local_ns``. Its transmit field comes back as origin
         (RFC 5905 §8 bogus-packet check), which is how replies are matched to requests."""
-        xmt = ns_to_ntp(local_ns)
+        xmt = unix_ns_to_ntp(local_ns)
         self._outstanding[xmt] = local_ns
         while len(self._outstanding) > 4:  # bound: old requests are answered or lost
             del self._outstanding[next(iter(self._outstanding))]
@@ -154,8 +133,8 @@ class SntpClient:
         except NtpError:
             self.rejected += 1
             raise
-        t2 = ntp_to_ns(pkt.receive, local_ns)
-        t3 = ntp_to_ns(pkt.transmit, local_ns)
+        t2 = ntp_to_unix_ns(pkt.receive, local_ns)
+        t3 = ntp_to_unix_ns(pkt.transmit, local_ns)
         sample = NtpSample.from_timestamps(t1, t2, t3, local_ns, pkt.stratum)
         if sample.delay_ns < 0:
             self.rejected += 1

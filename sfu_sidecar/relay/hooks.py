@@ -35,6 +35,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+# The extension's codec and URI live with the capture-time mapping (pure, no aiortc).
+from sfu_sidecar.sync.mapping import ABS_CAPTURE_TIME_URI
+
 if TYPE_CHECKING:
     from aiortc.rtcdatachannel import RTCDataChannel
 
@@ -44,7 +47,7 @@ if TYPE_CHECKING:
 SDES_MID = "urn:ietf:params:rtp-hdrext:sdes:mid"
 ABS_SEND_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
 AUDIO_LEVEL = "urn:ietf:params:rtp-hdrext:ssrc-audio-level"
-ABS_CAPTURE_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
+ABS_CAPTURE_TIME = ABS_CAPTURE_TIME_URI
 
 
 @dataclass(frozen=True, slots=True)

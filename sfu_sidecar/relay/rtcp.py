@@ -190,14 +190,3 @@ def build_remb(ssrc: int, bitrate: int, media_ssrcs: list[int]) -> bytes:
         [len(media_ssrcs), (exp << 2) | (mantissa >> 16), (mantissa >> 8) & 0xFF, mantissa & 0xFF]
     ) + b"".join(struct.pack("!I", s) for s in media_ssrcs)
     return _packet(PSFB, FMT_APP, body)
-
-
-def lsr_of(ntp_timestamp: int) -> int:
-    """The middle 32 bits of an NTP timestamp, as RR blocks echo it (RFC 3550 §6.4.1)."""
-    return (ntp_timestamp >> 16) & 0xFFFFFFFF
-
-
-def ntp_from_ns(unix_ns: int) -> int:
-    """64-bit NTP timestamp for Unix-epoch nanoseconds."""
-    seconds, rem = divmod(unix_ns, 1_000_000_000)
-    return ((seconds + 2_208_988_800) << 32) | (rem << 32) // 1_000_000_000

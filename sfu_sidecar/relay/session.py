@@ -31,6 +31,7 @@ from aiortc.rtcrtpparameters import RTCRtpCodecCapability
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotAcceptable
+from sfu_sidecar.ntptime import middle32
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay import sdp as sdpmod
@@ -394,7 +395,7 @@ class PublisherSession(_PeerSession):
                 continue
             lsr = dlsr = 0
             if track.last_sr is not None:
-                lsr = rtcp.lsr_of(track.last_sr.ntp_timestamp)
+                lsr = middle32(track.last_sr.ntp_timestamp)
                 dlsr = max(0, (now - track.last_sr_arrival_ns) * 65536 // 1_000_000_000)
             blocks.append((track.media_ssrc, track.stats.report(), lsr, dlsr & 0xFFFFFFFF))
         return rtcp.build_rr(self._rtcp_ssrc, blocks) if blocks else None

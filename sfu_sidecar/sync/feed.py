@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from sfu_sidecar.ntptime import unix_ns_to_ntp
 from sfu_sidecar.sync.batcher import SyncBatcher
 from sfu_sidecar.sync.mapping import (
     ABS_CAPTURE_TIME_URI,
@@ -21,7 +22,6 @@ from sfu_sidecar.sync.mapping import (
     CaptureTime,
     PublisherClock,
     TrackMapping,
-    unix_ns_to_ntp,
 )
 
 

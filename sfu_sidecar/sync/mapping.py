@@ -35,12 +35,11 @@ from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
+from sfu_sidecar.ntptime import ns_to_q32, ntp_to_unix_ns, q32_to_ns, unix_ns_to_ntp
 from sfu_sidecar.sync.wire import AnchorRecord, Source, predict_ns, signed32
 
 NS = 1_000_000_000
 MASK32 = 0xFFFFFFFF
-# Seconds from the NTP epoch (1900) to the Unix epoch (1970), RFC 868 / RFC 5905 figure 4.
-NTP_UNIX_OFFSET_S = 2_208_988_800
 # RTP clocks drift by tens of ppm; a fitted slope past this is a bad fit, not a clock.
 MAX_DRIFT_PPB = 1_000_000
 # Sender report checks. Two reports at least this far apart measure their rate.
@@ -63,36 +62,6 @@ SR_MAX_LATENCY_NS = 5_000_000_000
 SR_MAX_LATENCY_CHANGE_NS = 100_000_000
 
 ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
-
-
-def ntp_to_unix_ns(ntp: int) -> int:
-    """64-bit NTP timestamp (Q32.32 seconds since 1900) -> Unix ns, rounded to nearest.
-
-    Seconds with the top bit clear are read as era 1 (after 2036-02-07), the convention of
-    RFC 4330 section 3, so the mapping stays right across the NTP rollover.
-    """
-    secs, frac = ntp >> 32, ntp & MASK32
-    if secs < 0x8000_0000:
-        secs += 1 << 32
-    return (secs - NTP_UNIX_OFFSET_S) * NS + ((frac * NS + (1 << 31)) >> 32)
-
-
-def unix_ns_to_ntp(ns: int) -> int:
-    """Unix ns -> 64-bit NTP timestamp (era folded into 32 bits of seconds), rounded."""
-    secs, rem = divmod(ns, NS)
-    frac = ((rem << 32) + NS // 2) // NS
-    if frac >> 32:
-        secs, frac = secs + 1, 0
-    return (((secs + NTP_UNIX_OFFSET_S) & MASK32) << 32) | frac
-
-
-def q32_to_ns(value: int) -> int:
-    """Signed Q32.32 seconds -> ns, rounded half up."""
-    return (value * NS + (1 << 31)) >> 32
-
-
-def ns_to_q32(ns: int) -> int:
-    return ((ns << 32) + NS // 2) // NS
 
 
 class AbsCaptureTimeError(ValueError):

@@ -7,16 +7,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sfu_sidecar.clock.ntp import (
-    NTP_UNIX_DELTA_S,
     PACKET_LEN,
     Mode,
     NtpError,
     NtpPacket,
     NtpSample,
     SntpClient,
-    ns_to_ntp,
-    ntp_to_ns,
 )
+from sfu_sidecar.ntptime import NTP_UNIX_OFFSET_S as NTP_UNIX_DELTA_S
+from sfu_sidecar.ntptime import ntp_to_unix_ns, unix_ns_to_ntp
 
 NS = 1_000_000_000
 T = 1_764_489_600 * NS + 250_000_000  # 2025-11-30T08:00:00.25Z
@@ -45,20 +44,20 @@ def test_packet_both_ways() -> None:
 
 
 def test_timestamp_conversion_and_eras() -> None:
-    ntp = ns_to_ntp(T)
+    ntp = unix_ns_to_ntp(T)
     assert ntp >> 32 == (T // NS + NTP_UNIX_DELTA_S) % (1 << 32)
-    assert abs(ntp_to_ns(ntp, T) - T) <= 1
+    assert abs(ntp_to_unix_ns(ntp, T) - T) <= 1
     # 2036-02-07 rolls NTP era 0 into era 1 (RFC 5905 §6): still decoded next to "now".
     after_rollover = (2_085_978_496 + 10) * NS
-    assert ntp_to_ns(ns_to_ntp(after_rollover), after_rollover) == after_rollover
-    assert ns_to_ntp(after_rollover) >> 32 == 10
+    assert ntp_to_unix_ns(unix_ns_to_ntp(after_rollover), after_rollover) == after_rollover
+    assert unix_ns_to_ntp(after_rollover) >> 32 == 10
 
 
 def _server_reply(request: bytes, server_ns: int, process_ns: int = 30_000,
                   stratum: int = 2, leap: int = 0, mode: int = Mode.SERVER) -> bytes:
     req = NtpPacket.parse(request)
     return NtpPacket(leap, 4, mode, stratum, 4, -20, 0, 0, b"GPS\0", 0, req.transmit,
-                     ns_to_ntp(server_ns), ns_to_ntp(server_ns + process_ns)).serialize()
+                     unix_ns_to_ntp(server_ns), unix_ns_to_ntp(server_ns + process_ns)).serialize()
 
 
 def test_offset_and_delay_per_rfc5905() -> None:
@@ -129,4 +128,4 @@ def test_unsolicited_and_duplicate_replies_refused() -> None:
                                                        (60 * 365 * 86400) * NS))
 def test_ntp_timestamps_round_trip_within_68_years(unix_ns: int, skew_ns: int) -> None:
     # RFC 5905 §6: decoding needs a reference within 68 years; 60 years away still decodes.
-    assert abs(ntp_to_ns(ns_to_ntp(unix_ns), unix_ns + skew_ns) - unix_ns) <= 1
+    assert abs(ntp_to_unix_ns(unix_ns_to_ntp(unix_ns), unix_ns + skew_ns) - unix_ns) <= 1

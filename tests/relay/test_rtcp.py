@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from sfu_sidecar.ntptime import middle32, unix_ns_to_ntp
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay.hooks import SenderReport
 from sfu_sidecar.relay.upstream import ReceptionReport
@@ -60,7 +61,7 @@ def test_torn_datagrams_raise_value_error() -> None:
 
 
 def test_ntp_conversions() -> None:
-    ntp = rtcp.ntp_from_ns(1_700_000_000_500_000_000)
+    ntp = unix_ns_to_ntp(1_700_000_000_500_000_000)
     assert ntp >> 32 == 1_700_000_000 + 2_208_988_800
     assert (ntp & 0xFFFFFFFF) == 1 << 31
-    assert rtcp.lsr_of(ntp) == ((ntp >> 16) & 0xFFFFFFFF)
+    assert middle32(ntp) == ((ntp >> 16) & 0xFFFFFFFF)

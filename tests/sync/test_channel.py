@@ -19,10 +19,11 @@ from aiohttp.test_utils import TestServer
 from sfu_sidecar.app import SERVICES_KEY, build_app
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
+from sfu_sidecar.ntptime import ntp_to_unix_ns
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, SenderReport
 from sfu_sidecar.sync.channel import SyncService
-from sfu_sidecar.sync.mapping import AbsCaptureTime, ntp_to_unix_ns
+from sfu_sidecar.sync.mapping import AbsCaptureTime
 from sfu_sidecar.sync.wire import (
     Cue,
     Epoch,

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from sfu_sidecar.ntptime import ns_to_q32, ntp_to_unix_ns, unix_ns_to_ntp
 from sfu_sidecar.sync.mapping import (
     NS,
     AbsCaptureTime,
@@ -17,9 +18,6 @@ from sfu_sidecar.sync.mapping import (
     RtpTimestampUnwrapper,
     TrackMapping,
     build_abs_capture_time,
-    ns_to_q32,
-    ntp_to_unix_ns,
-    unix_ns_to_ntp,
 )
 from sfu_sidecar.sync.wire import FrameRecord, Source
 
