@@ -165,7 +165,7 @@ def run_viewers(url: str, count: int, start_at: float, seconds: float) -> None:
         kinds = {m.primary.payload_type: m.kind for m in sdp.parse(answer, what="a").media}
         counter = Counter()
 
-        async def handle(data: bytes, arrival_time_ms: int) -> None:
+        def handle(data: bytes, arrival_time_ms: int) -> None:
             # Count from the fixed header only; never decode (viewers must stay cheap on
             # 2 cores, their CPU competes with the relay's).
             if not counter.active:
@@ -181,7 +181,7 @@ def run_viewers(url: str, count: int, start_at: float, seconds: float) -> None:
                 counter.audio_packets += 1
 
         for dtls in aiortc_adapter.dtls_transports(pc):
-            dtls._handle_rtp_data = handle
+            aiortc_adapter.on_rtp(dtls, handle)  # counted only, never decoded
         return pc, counter
 
     async def main() -> None:

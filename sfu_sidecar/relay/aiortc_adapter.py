@@ -61,6 +61,8 @@ __all__ = [
     "rtp_sender",
     "sender_ssrcs",
     "silence_sender",
+    "tap_received",
+    "tap_sent",
     "transform_outgoing_rtp",
 ]
 
@@ -78,6 +80,8 @@ REQUIRED: tuple[tuple[object, str], ...] = (
 )
 _INSTANCE_FIELDS = {
     "sender": ("_ssrc", "_rtx_ssrc"),
+    "dtls": ("_tx_srtp",),
+    "ice": ("_connection",),
     "gatherer": ("_connection",),
     "connection": (
         "_local_candidates", "_local_candidates_start", "_local_candidates_end",
@@ -103,8 +107,10 @@ async def check() -> None:
     try:
         transceiver = pc.addTransceiver("video", direction="sendonly")
         sender = transceiver.sender
-        gatherer = sender.transport.transport.iceGatherer
-        for obj, kind in ((sender, "sender"), (gatherer, "gatherer")):
+        dtls = sender.transport
+        gatherer = dtls.transport.iceGatherer
+        for obj, kind in ((sender, "sender"), (dtls, "dtls"), (dtls.transport, "ice"),
+                          (gatherer, "gatherer")):
             for name in _INSTANCE_FIELDS[kind]:
                 if not hasattr(obj, name):
                     raise _fail(f"{type(obj).__name__}.{name}")
@@ -159,6 +165,41 @@ def on_rtcp(dtls: RTCDtlsTransport, handler: Callable[[bytes], None]) -> None:
         handler(data)
 
     dtls._handle_rtcp_data = handle_rtcp_data  # type: ignore[method-assign]
+
+
+def tap_received(dtls: RTCDtlsTransport, rtp: Callable[[bytes, int], bool] | None = None,
+                 rtcp: Callable[[bytes], None] | None = None) -> None:
+    """Show every plaintext RTP packet (with aiortc's arrival time in ms) and RTCP compound a
+    peer receives to the given callables before aiortc handles it; ``rtp`` returning False
+    drops the packet (a simulated loss). For clients and tests that keep aiortc's receivers."""
+    if rtp is not None:
+        original_rtp = dtls._handle_rtp_data
+
+        async def handle_rtp_data(data: bytes, arrival_time_ms: int) -> None:
+            if rtp(data, arrival_time_ms):
+                await original_rtp(data, arrival_time_ms)
+
+        dtls._handle_rtp_data = handle_rtp_data  # type: ignore[method-assign]
+    if rtcp is not None:
+        original_rtcp = dtls._handle_rtcp_data
+
+        async def handle_rtcp_data(data: bytes) -> None:
+            rtcp(data)
+            await original_rtcp(data)
+
+        dtls._handle_rtcp_data = handle_rtcp_data  # type: ignore[method-assign]
+
+
+def tap_sent(dtls: RTCDtlsTransport, observer: Callable[[bytes], bool]) -> None:
+    """Show every plaintext RTP packet and RTCP compound a peer sends to ``observer`` before
+    SRTP; returning False drops it (a simulated loss)."""
+    original = dtls._send_rtp
+
+    async def send_rtp(data: bytes) -> None:
+        if observer(data):
+            await original(data)
+
+    dtls._send_rtp = send_rtp  # type: ignore[method-assign]
 
 
 # --- send side ------------------------------------------------------------------------------

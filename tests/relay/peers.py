@@ -116,47 +116,37 @@ def client_pc() -> RTCPeerConnection:
 
 
 def _record_sent(peer: Peer) -> None:
+    def observe(data: bytes) -> bool:
+        if 192 <= data[1] <= 223:
+            return True  # RTCP
+        pkt = RtpPacket.parse(data)
+        if peer.drop is not None and peer.drop(pkt):
+            peer.dropped.append(pkt)
+            return False  # lost on the way to the relay
+        peer.sent.append(pkt)
+        return True
+
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
-        original = dtls._send_rtp
-
-        async def send_rtp(data: bytes, _orig: Any = original) -> None:
-            if not 192 <= data[1] <= 223:
-                pkt = RtpPacket.parse(data)
-                if peer.drop is not None and peer.drop(pkt):
-                    peer.dropped.append(pkt)
-                    return  # lost on the way to the relay
-                peer.sent.append(pkt)
-            await _orig(data)
-
-        dtls._send_rtp = send_rtp  # type: ignore[method-assign]
+        aiortc_adapter.tap_sent(dtls, observe)
 
 
 def _record_rtcp(peer: Peer) -> None:
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
-        original_rtcp = dtls._handle_rtcp_data
-
-        async def handle_rtcp(data: bytes, _orig: Any = original_rtcp) -> None:
-            peer.rtcp_received.append(data)
-            await _orig(data)
-
-        dtls._handle_rtcp_data = handle_rtcp  # type: ignore[method-assign]
+        aiortc_adapter.tap_received(dtls, rtcp=peer.rtcp_received.append)
 
 
 def _record_received(peer: Peer) -> None:
+    def observe(data: bytes, arrival_time_ms: int) -> bool:
+        pkt = RtpPacket.parse(data)
+        if peer.drop is not None and peer.drop(pkt):
+            peer.dropped.append(pkt)
+            return False
+        peer.received.append(pkt)
+        peer.received_ns.append(time.time_ns())
+        return True
+
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
-        original = dtls._handle_rtp_data
-
-        async def handle(data: bytes, arrival_time_ms: int, _orig: Any = original) -> None:
-            pkt = RtpPacket.parse(data)
-            if peer.drop is not None and peer.drop(pkt):
-                peer.dropped.append(pkt)
-                return
-            peer.received.append(pkt)
-            peer.received_ns.append(time.time_ns())
-            await _orig(data, arrival_time_ms)
-
-        dtls._handle_rtp_data = handle  # type: ignore[method-assign]
-    _record_rtcp(peer)
+        aiortc_adapter.tap_received(dtls, rtp=observe, rtcp=peer.rtcp_received.append)
 
 
 async def _post(

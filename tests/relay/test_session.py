@@ -44,7 +44,7 @@ async def test_viewers_decode_and_receive_the_publishers_exact_payloads(relay: R
             audio = await frames(v.tracks["audio"], 10, limit_s=10)
             assert (video[-1].width, video[-1].height) == (320, 240)
             assert audio[-1].sample_rate == 48000
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: all(len(v.received) > 40 for v in viewers), 5, "packets")
         sent = {kind: _media(pub.sent, _pt(pub, kind)) for kind in ("audio", "video")}
         for v in viewers:
             for kind in ("audio", "video"):
@@ -279,7 +279,7 @@ async def test_publisher_reconnect_keeps_viewer_sequence_and_time_monotonic(
         async with relay.http.delete(relay.base + pub.location) as resp:
             assert resp.status == 200
         await pub.close()
-        await asyncio.sleep(0.3)
+        await _until_no_publisher(relay, "re")
         before = len(v.received)
         pub = await publish(relay.http, relay.base, "re", video=PatternVideo(),
                             audio=ToneAudio())
@@ -398,3 +398,14 @@ async def test_hooks_see_packets_sender_reports_and_data_channels(relay: Relay) 
         await plain.close()
         await pub.close()
     await wait_for(lambda: len(recorder.closed) == 2, 5, "viewer_closed")
+
+
+async def _until_no_publisher(relay: Relay, stream: str, limit_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + limit_s
+    while True:
+        async with relay.http.get(f"{relay.base}/api/streams/{stream}") as resp:
+            body = await resp.json()
+        if resp.status == 404 or body.get("publisher") is None:
+            return
+        assert asyncio.get_running_loop().time() < deadline, body
+        await asyncio.sleep(0.02)

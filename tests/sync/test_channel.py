@@ -117,8 +117,10 @@ async def test_every_viewer_frame_maps_to_its_true_capture_time(
             report = await publisher.joined()
             assert report is not None and abs(report.offset_ns) < 2_000_000  # same host clock
             frames = await decoded_frames(viewer, 60)
-            await asyncio.sleep(0.5)  # the last batch leaves within 200 ms
             video_track = records.track_for(_mid(viewer, "video"))
+            # The last frame's record leaves in the next batch (within 200 ms).
+            await wait_for(lambda: records.frame(video_track, frames[-1][1]) is not None, 3,
+                           "the record of the last decoded frame")
             errors, estimated, unmapped = [], 0, 0
             for number, rtp_ts in frames:
                 found = records.frame(video_track, rtp_ts)
@@ -200,8 +202,9 @@ async def test_without_capture_stamps_sender_reports_give_the_map(
                 8, "an anchor built from sender reports",
             )
             frames = await decoded_frames(viewer, 30)
-            await asyncio.sleep(0.5)
             track = records.track_for(_mid(viewer, "video"))
+            await wait_for(lambda: records.frame(track, frames[-1][1]) is not None, 3,
+                           "the record of the last decoded frame")
             errors = []
             for n, ts in frames:
                 found = records.frame(track, ts)
