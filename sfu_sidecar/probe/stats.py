@@ -53,7 +53,7 @@ FAIR_MS = 30.0
 # where queueing noise is smallest), the last FIT_POINTS buckets (32 s) in the fit.
 FIT_BUCKET_NS = 500_000_000
 FIT_POINTS = 64
-FIT_MIN_POINTS = 4
+FIT_MIN_POINTS = 8  # 4 s: fewer points give slopes dominated by one bucket's queueing
 # 1.4826 x MAD estimates a normal distribution's standard deviation.
 MAD_TO_SIGMA = 1.4826
 

@@ -342,6 +342,20 @@ async def test_dashboard_push_starts_with_history_then_ticks(ticking_app: App) -
     await wait_for(lambda: not probe.hub.dashboards, 5, "the dashboard to leave")
 
 
+async def test_dashboard_page_and_its_vendored_plot_library_are_served(app: App) -> None:
+    async with app.http.get(app.base + "/dashboard") as resp:
+        assert resp.status == 200
+        assert "text/html" in resp.headers["Content-Type"]
+        assert '<script type="module" src="/js/dashboard.js">' in await resp.text()
+    async with app.http.get(app.base + "/vendor/uPlot.esm.js") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    assert "https://github.com/leeoniya/uPlot (v1.6.32)" in text
+    assert text.rstrip().endswith("export { uPlot as default };")
+    async with app.http.get(app.base + "/vendor/uPlot.LICENSE") as resp:
+        assert "The MIT License" in await resp.text()
+
+
 async def test_streams_are_forgotten_when_the_relay_drops_them(app: App) -> None:
     probe = app.probe
     t0 = time.time_ns()

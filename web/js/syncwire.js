@@ -339,6 +339,7 @@ export class SyncState {
     this.lastSeq = null;
     this.lostBatches = 0;
     this.unresolved = 0;
+    this.resets = 0; // timelines restarted by a reset anchor after the first
   }
 
   ingest(msg) {
@@ -355,6 +356,7 @@ export class SyncState {
         const held = this.anchors.get(rec.track)?.get(rec.generation);
         const repeat = held !== undefined && held.rtp_ts === rec.rtp_ts && held.capture_ns === rec.capture_ns;
         if ((rec.reset && !repeat) || !this.anchors.has(rec.track)) {
+          if (this.anchors.has(rec.track)) this.resets++;
           this.anchors.set(rec.track, new Map());
           this.frames.set(rec.track, new Map());
         }

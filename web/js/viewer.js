@@ -2,6 +2,7 @@
 
 import { CueBook } from "./captions.js";
 import { browserNowNs, ClockJoin, parseResponse, request } from "./clocksync.js";
+import { PlayoutMeter } from "./playout.js";
 import { parseMessage, serializeMessage, SOURCES, SyncState } from "./syncwire.js";
 import * as ui from "./ui.js";
 import { connectWhep } from "./whep.js";
@@ -15,14 +16,34 @@ const book = new CueBook();
 const video = document.getElementById("video");
 const stats = { presented: 0, mapped: 0, badMessages: 0 };
 const TELEMETRY_INTERVAL_MS = 10000; // a few reports a minute: proto/sync.md "telemetry"
+// Playout reports feed the operator dashboard, which shows one point a second.
+const PLAYOUT_INTERVAL_MS = 2000;
+const playout = new PlayoutMeter();
 let syncChannel = null;
-let reported = { presented: 0, mapped: 0, lost: 0 };
+let reported = { presented: 0, mapped: 0, lost: 0, resets: 0 };
 // Exposed for the dashboard, debugging and end-to-end tests.
-window.sfuViewer = { stream, sync, book, stats, frameListeners: [] };
+window.sfuViewer = { stream, sync, book, stats, playout, frameListeners: [] };
 
 function trackIndexForMid(mid) {
   for (const [track, anchor] of sync.current) if (anchor.mid === mid) return track;
   return null;
+}
+
+// Capture time of the audio heard when the frame shows: the last played audio packet's
+// timestamp mapped through the sync records, moved on by the time between its playout and
+// the frame's display. Chromium stamps synchronization sources in wall-clock ms (like
+// Date.now()), rVFC's display time is on the performance clock: timeOrigin joins the two.
+function audioCaptureNs(displayTime) {
+  const transceiver = session?.pc.getTransceivers().find((x) => x.receiver.track.kind === "audio");
+  const track = transceiver?.mid == null ? null : trackIndexForMid(transceiver.mid);
+  const source = transceiver?.receiver.getSynchronizationSources()[0];
+  if (track === null || source === undefined) return null;
+  const captured = sync.captureOf(track, source.rtpTimestamp);
+  if (captured === null) return null;
+  const sincePlayedMs = performance.timeOrigin + displayTime - source.timestamp;
+  // A browser stamping sources on another clock would make the correction nonsense: skip it.
+  if (!(Math.abs(sincePlayedMs) < 200)) return captured;
+  return captured + BigInt(Math.round(sincePlayedMs * 1e6));
 }
 
 // Clock join over the sync channel (proto/clock.md): the page learns house time, so its
@@ -76,7 +97,10 @@ function onFrame(now, meta) {
     ? null : sync.captureOf(track, meta.rtpTimestamp);
   if (captureNs !== null) stats.mapped++;
   const streamS = book.streamSeconds(captureNs);
-  ui.showCaptions(book.activeAt(streamS));
+  const cues = book.activeAt(streamS);
+  ui.showCaptions(cues);
+  for (const cue of cues) playout.caption(cue, streamS);
+  if (captureNs !== null) playout.frame(captureNs, audioCaptureNs(meta.expectedDisplayTime ?? now));
   const anchor = track === null ? undefined : sync.current.get(track);
   ui.showFrameInfo({
     streamS, source: anchor ? (typeof anchor.source === "number" ? SOURCES[anchor.source] : anchor.source) : null, mapped: stats.mapped,
@@ -98,7 +122,15 @@ function sendTelemetry() {
     lost_batches: now.lost - reported.lost,
   };
   syncChannel.send(serializeMessage({ kind: "control", message }));
-  reported = now;
+  reported = { ...now, resets: reported.resets };
+}
+
+// A/V skew and caption timing for the operator dashboard (proto/sync.md "playout").
+function sendPlayout() {
+  if (syncChannel === null || syncChannel.readyState !== "open") return;
+  playout.resync(sync.resets - reported.resets);
+  reported.resets = sync.resets;
+  syncChannel.send(serializeMessage({ kind: "control", message: playout.report(stream, houseNowNs()) }));
 }
 
 let session = null;
@@ -135,7 +167,9 @@ async function start() {
   });
   video.requestVideoFrameCallback(onFrame);
   window.sfuViewer.sendTelemetry = sendTelemetry;
+  window.sfuViewer.sendPlayout = sendPlayout;
   setInterval(sendTelemetry, TELEMETRY_INTERVAL_MS);
+  setInterval(sendPlayout, PLAYOUT_INTERVAL_MS);
   video.play().catch(() => ui.setStatus("click the video to start playback"));
 }
 
