@@ -29,7 +29,6 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
 from sfu_sidecar.sync.wire import (
     ClockReport,
-    ClockReq,
     ClockResp,
     ControlMessage,
     SyncWireError,
@@ -110,18 +109,18 @@ async def _join_clock(
         channel.on("open", opened.set)
         await asyncio.wait_for(opened.wait(), OPEN_TIMEOUT_S)
     for _ in range(JOIN_ROUNDS):
-        channel.send(ControlMessage(ClockReq(t1=join.request(clock_ns()).t1)).serialize())
+        channel.send(ControlMessage(join.request(clock_ns())).serialize())
         try:
             resp, t4 = await asyncio.wait_for(replies.get(), REPLY_TIMEOUT_S)
         except TimeoutError:
             continue
-        join.response(exchange.ClockResp(resp.t1, resp.t2, resp.t3), t4)
+        join.response(resp, t4)
         await asyncio.sleep(JOIN_SPACING_S)
     report = join.report()
     if report is None:
         log.warning("clock join got no answer; the relay will estimate this publisher's clock")
         return
-    session.clock_report = ClockReport(report.offset_ns, report.error_ns, report.rtt_ns)
+    session.clock_report = report
     channel.send(ControlMessage(session.clock_report).serialize())
 
 

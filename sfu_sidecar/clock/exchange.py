@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import msgpack
 
@@ -39,29 +39,34 @@ class ExchangeError(BadInput):
     """A clock-join message that is malformed or of an unknown type."""
 
 
-@dataclass(frozen=True)
+# The one definition of the clock-join messages: the sync DataChannel's wire format
+# (sfu_sidecar/sync/wire.py) carries these same classes as control messages.
+@dataclass(frozen=True, slots=True)
 class ClockReq:
     t1: int
+    type: ClassVar[str] = CLOCK_REQ
 
     def to_map(self) -> dict[str, Any]:
         return {"type": CLOCK_REQ, "t1": self.t1}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClockResp:
     t1: int
     t2: int
     t3: int
+    type: ClassVar[str] = CLOCK_RESP
 
     def to_map(self) -> dict[str, Any]:
         return {"type": CLOCK_RESP, "t1": self.t1, "t2": self.t2, "t3": self.t3}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ClockReport:
     offset_ns: int
     error_ns: int
     rtt_ns: int
+    type: ClassVar[str] = CLOCK_REPORT
 
     def to_map(self) -> dict[str, Any]:
         return {"type": CLOCK_REPORT, "offset_ns": self.offset_ns, "error_ns": self.error_ns,

@@ -23,6 +23,10 @@ from typing import Any, ClassVar
 
 import msgpack
 
+# Clock-join messages are defined once, in the clock package; re-exported as control messages.
+from sfu_sidecar.clock.exchange import ClockReport as ClockReport
+from sfu_sidecar.clock.exchange import ClockReq as ClockReq
+from sfu_sidecar.clock.exchange import ClockResp as ClockResp
 from sfu_sidecar.exceptions import BadInput
 
 VERSION = 1
@@ -313,30 +317,6 @@ class CueRetract:
     lang: str
     id: str
     type: ClassVar[str] = "cue_retract"
-
-
-@dataclass(frozen=True, slots=True)
-class ClockReq:
-    """Clock join, see ``proto/clock.md``."""
-
-    t1: int
-    type: ClassVar[str] = "clock_req"
-
-
-@dataclass(frozen=True, slots=True)
-class ClockResp:
-    t1: int
-    t2: int
-    t3: int
-    type: ClassVar[str] = "clock_resp"
-
-
-@dataclass(frozen=True, slots=True)
-class ClockReport:
-    offset_ns: int
-    error_ns: int
-    rtt_ns: int
-    type: ClassVar[str] = "clock_report"
 
 
 @dataclass(frozen=True, slots=True)
