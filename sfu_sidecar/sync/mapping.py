@@ -60,6 +60,8 @@ SR_MAX_LATENCY_NS = 5_000_000_000
 # The latency a report line implies may wander by this much from the latency at trust time
 # (queueing, arrival-window changes) before the reports count as out of step with the media.
 SR_MAX_LATENCY_CHANGE_NS = 100_000_000
+# Reports refused in a row before a track's reports are given up for its timeline.
+SR_STRIKES = 3
 
 ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
 
@@ -300,6 +302,7 @@ class TrackMapping:
         self._sr: deque[tuple[int, int]] = deque(maxlen=self._sr_window)  # (ext, publisher ns)
         self._sr_pending: tuple[int, int] | None = None  # a first report awaiting a second
         self._sr_latency: int | None = None  # latency the trusted line implied when trusted
+        self._sr_strikes = 0  # reports refused in a row
         self.sr_distrust = None
         self._abs: deque[tuple[int, int]] = deque()  # (ext, sender-clock ns), ≥ 100 ms apart
         self._abs_last: tuple[int, int] | None = None
@@ -388,42 +391,52 @@ class TrackMapping:
 
     def _check_sender_report(self, ext: int, publisher_ns: int) -> None:
         """Take the report into the line only if it agrees with the reports before it and with
-        the media; the first one waits for a second to vouch for its rate."""
+        the media; the first one waits for a second to vouch for its rate. A report that does
+        not agree is left out; SR_STRIKES of them in a row and the track's reports are not used
+        again on this timeline (one late report on a loaded sender is not a broken sender)."""
         newest = self._sr[-1] if self._sr else self._sr_pending
+        if (newest is not None and not self._sr
+                and 0 < publisher_ns - newest[1] < SR_MIN_SPAN_NS):
+            return  # too close to the pending one to measure a rate: wait for a later one
+        latency = self._implied_latency(ext, publisher_ns)
+        fault = self._sr_fault(ext, publisher_ns, newest, latency)
+        if fault is not None:
+            self.sr_rejected += 1
+            self._sr_strikes += 1
+            if self._sr_strikes >= SR_STRIKES:
+                self._distrust(fault)
+            elif not self._sr:
+                self._sr_pending = (ext, publisher_ns)  # start over from this one
+            return
+        self._sr_strikes = 0
+        if newest is None:
+            self._sr_pending = (ext, publisher_ns)
+            return
+        if not self._sr:
+            self._sr.append(newest)
+            self._sr_latency = latency
+        self._sr.append((ext, publisher_ns))
+
+    def _sr_fault(self, ext: int, publisher_ns: int, newest: tuple[int, int] | None,
+                  latency: int | None) -> str | None:
+        """Why this report disagrees with the previous one or with the media, if it does."""
         if newest is not None:
             p_ext, p_ns = newest
             span = publisher_ns - p_ns
             if span <= 0:
-                return self._distrust("sender report NTP time not increasing")
-            if span < SR_MIN_SPAN_NS:
-                if not self._sr:
-                    return None  # too close to the pending one to measure a rate: wait
-            else:
-                advance = (ext - p_ext) * NS // self.clock_rate
-                if abs(advance - span) > span * MAX_DRIFT_PPB // NS + SR_JITTER_NS:
-                    return self._distrust(
-                        f"sender report RTP time advances {advance / span:.3f}x its NTP time")
-        latency = self._implied_latency(ext, publisher_ns)
+                return "sender report NTP time not increasing"
+            advance = (ext - p_ext) * NS // self.clock_rate
+            if abs(advance - span) > span * MAX_DRIFT_PPB // NS + SR_JITTER_NS:
+                return f"sender report RTP time advances {advance / span:.3f}x its NTP time"
         if latency is not None:
             if latency < -SR_MAX_LEAD_NS:
-                return self._distrust(
-                    f"sender reports put capture {-latency / 1e6:.0f} ms after arrival")
+                return f"sender reports put capture {-latency / 1e6:.0f} ms after arrival"
             if latency > SR_MAX_LATENCY_NS:
-                return self._distrust(
-                    f"sender reports put capture {latency / 1e9:.1f} s before arrival")
+                return f"sender reports put capture {latency / 1e9:.1f} s before arrival"
             if (self._sr_latency is not None
                     and abs(latency - self._sr_latency) > SR_MAX_LATENCY_CHANGE_NS):
-                return self._distrust(
-                    f"sender reports drift {(latency - self._sr_latency) / 1e6:+.0f} ms "
-                    "against the media")
-        if newest is None or (not self._sr and publisher_ns - newest[1] < SR_MIN_SPAN_NS):
-            self._sr_pending = (ext, publisher_ns)
-            return None
-        if not self._sr:
-            assert self._sr_pending is not None
-            self._sr.append(self._sr_pending)
-            self._sr_latency = latency
-        self._sr.append((ext, publisher_ns))
+                return (f"sender reports drift {(latency - self._sr_latency) / 1e6:+.0f} ms "
+                        "against the media")
         return None
 
     def _sr_line(self) -> tuple[int, int, int]:
@@ -453,7 +466,6 @@ class TrackMapping:
         return min(d for _, d in self._arrivals) - line_at_zero
 
     def _distrust(self, reason: str) -> None:
-        self.sr_rejected += 1
         self.sr_distrust = reason
         self._sr.clear()
         self._sr_pending = None

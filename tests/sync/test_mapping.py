@@ -409,7 +409,7 @@ def test_sender_reports_running_at_twice_the_media_rate_are_refused() -> None:
     assert abs(_monotonic_and_rate(frames)) < 1e-3
     assert {src for _, _, src in frames} == {Source.ARRIVAL}
     assert m.sr_distrust is not None and "2.000x" in m.sr_distrust
-    assert m.sr_rejected == 1
+    assert m.sr_rejected == 3  # three in a row, then the track's reports are given up
 
 
 def test_sender_reports_that_put_capture_after_arrival_are_refused() -> None:
@@ -476,3 +476,22 @@ def test_reports_stamped_at_send_time_map_to_the_least_late_one() -> None:
     assert sorted(late)[len(late) // 2] < 3_500_000
     cur = m.current
     assert cur is not None and cur.drift_ppb == 0
+
+
+def test_one_late_report_is_left_out_and_the_rest_kept() -> None:
+    """A loaded sender may stamp one report 150 ms late: that report is refused and counted,
+    the track keeps its reports, and the timeline does not move."""
+    track = SimTrack(90_000, base=9, ssrc=21)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    late_at = HOUSE_T0 + NS // 2 + 10 * NS  # the eleventh report
+
+    def sr_rtp(t: int) -> int:
+        return track.rtp_at(t - 150_000_000 if t == late_at else t)
+
+    frames = _sr_trace(m, track, 30.0, sr_rtp)
+    assert m.sr_rejected == 1 and m.sr_distrust is None
+    assert all(src is Source.SENDER_REPORT for _, _, src in frames[60:])
+    errors = [abs(c - (a - 3_000_000)) for a, c, _ in frames[60:]]
+    assert max(errors) <= 12_000
