@@ -14,7 +14,6 @@ Routes::
 from __future__ import annotations
 
 import json
-import math
 from typing import TYPE_CHECKING, Any
 
 import msgpack
@@ -23,6 +22,7 @@ from aiohttp import WSMsgType, web
 from sfu_sidecar import logs
 from sfu_sidecar.captions import chunks
 from sfu_sidecar.captions.model import (
+    MAX_STREAM_MS,
     IngestBatch,
     check_lang,
     check_stream,
@@ -57,7 +57,11 @@ def add_routes(app: web.Application, service: CaptionService) -> None:
 def _decode_json(body: bytes) -> Any:
     try:
         return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except RecursionError:
+        raise BadInput("malformed JSON: nested too deeply") from None
+    except ValueError as exc:
+        # JSONDecodeError, UnicodeDecodeError, and the ValueError int() raises for a number
+        # past its digit limit (4300 digits): all a malformed body, none a server fault.
         raise BadInput(f"malformed JSON: {exc}") from None
 
 
@@ -68,16 +72,30 @@ def _decode_msgpack(body: bytes) -> Any:
         raise BadInput(f"malformed msgpack: {exc}") from None
 
 
-def _seconds_param(request: web.Request, name: str) -> int:
+def _number_param(request: web.Request, name: str, lo: float, hi: float) -> float | None:
+    """Query parameter ``name`` as a number in [lo, hi], or None when it is absent.
+
+    One place for every numeric parameter: "nan", "inf" and "1e309" (which float() turns into
+    infinity) and finite values out of range are all a 400 naming the parameter, before any
+    arithmetic on them can overflow.
+    """
     raw = request.query.get(name)
     if raw is None:
-        raise BadInput(f"query parameter {name} (stream seconds) is required")
+        return None
     try:
         value = float(raw)
     except ValueError:
-        raise BadInput(f"{name}={raw!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise BadInput(f"{name} must be a finite number >= 0")
+        raise BadInput(f"{name}={raw[:40]!r} is not a number") from None
+    if not lo <= value <= hi:  # also false for NaN
+        raise BadInput(f"{name} must be a number from {lo:.15g} to {hi:.15g}")
+    return value
+
+
+def _seconds_param(request: web.Request, name: str) -> int:
+    """A required time on the stream timeline in seconds, as stream milliseconds."""
+    value = _number_param(request, name, 0, MAX_STREAM_MS / 1000)
+    if value is None:
+        raise BadInput(f"query parameter {name} (stream seconds) is required")
     return round(value * 1000)
 
 
@@ -87,8 +105,8 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
         return default
     try:
         value = int(raw)
-    except ValueError:
-        raise BadInput(f"{name}={raw!r} is not an integer") from None
+    except ValueError:  # also int()'s digit limit
+        raise BadInput(f"{name}={raw[:40]!r} is not an integer") from None
     if not lo <= value <= hi:
         raise BadInput(f"{name} must be between {lo} and {hi}")
     return value
