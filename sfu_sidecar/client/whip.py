@@ -177,7 +177,7 @@ async def publish(
                      for kind, sender in senders}
             session.stamper = CaptureStamper(capture_start_ns, ext, rates)
             for dtls in adapter.dtls_transports(pc):
-                adapter.transform_outgoing_rtp(dtls, session.stamper)
+                adapter.filter_sent(dtls, session.stamper)
     if channel is not None:
         session._join = asyncio.create_task(_join_clock(session, channel, clock_ns))
     return session

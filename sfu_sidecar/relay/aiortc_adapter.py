@@ -54,6 +54,7 @@ __all__ = [
     "REQUIRED",
     "RemoteBitrateEstimator",
     "check",
+    "filter_sent",
     "install_ice",
     "negotiate_header_extension",
     "on_rtcp",
@@ -62,8 +63,6 @@ __all__ = [
     "sender_ssrcs",
     "silence_sender",
     "tap_received",
-    "tap_sent",
-    "transform_outgoing_rtp",
 ]
 
 # (owner, attribute) for everything checked at class level; instance fields are checked by
@@ -190,18 +189,6 @@ def tap_received(dtls: RTCDtlsTransport, rtp: Callable[[bytes, int], bool] | Non
         dtls._handle_rtcp_data = handle_rtcp_data  # type: ignore[method-assign]
 
 
-def tap_sent(dtls: RTCDtlsTransport, observer: Callable[[bytes], bool]) -> None:
-    """Show every plaintext RTP packet and RTCP compound a peer sends to ``observer`` before
-    SRTP; returning False drops it (a simulated loss)."""
-    original = dtls._send_rtp
-
-    async def send_rtp(data: bytes) -> None:
-        if observer(data):
-            await original(data)
-
-    dtls._send_rtp = send_rtp  # type: ignore[method-assign]
-
-
 # --- send side ------------------------------------------------------------------------------
 
 
@@ -236,16 +223,17 @@ def rtp_sender(dtls: RTCDtlsTransport) -> tuple[Callable[[bytes], None], Callabl
     return send_rtp, send_rtcp
 
 
-def transform_outgoing_rtp(dtls: RTCDtlsTransport, transform: Callable[[bytes], bytes]) -> None:
-    """Pass every plaintext packet an aiortc peer sends through ``transform`` before SRTP.
-
-    For publishing clients (stamping abs-capture-time, which aiortc cannot write). RTCP goes
-    through the same method; ``transform`` must return it unchanged.
-    """
+def filter_sent(dtls: RTCDtlsTransport, transform: Callable[[bytes], bytes | None]) -> None:
+    """Pass every plaintext RTP packet and RTCP compound an aiortc peer sends through
+    ``transform`` before SRTP: it returns what to send (the same bytes, or rewritten ones, such
+    as a publishing client stamping abs-capture-time, which aiortc cannot write) or None to
+    drop the packet (a simulated loss)."""
     original = dtls._send_rtp
 
     async def send_rtp(data: bytes) -> None:
-        await original(transform(data))
+        out = transform(data)
+        if out is not None:
+            await original(out)
 
     dtls._send_rtp = send_rtp  # type: ignore[method-assign]
 
@@ -285,26 +273,24 @@ async def _bind(
         start = random.randrange(span)
         candidates = (ports.low + (start + i) % span for i in range(span))
     bind_host = address
+
+    async def bind(host: str, port: int) -> tuple[Any, Any]:
+        return await loop.create_datagram_endpoint(
+            lambda: aioice.ice.StunProtocol(connection),
+            local_addr=(host, port),
+            family=socket.AF_INET6 if family6 else socket.AF_INET,
+        )
+
     for port in candidates:
         try:
-            transport, protocol = await loop.create_datagram_endpoint(
-                lambda: aioice.ice.StunProtocol(connection),
-                local_addr=(bind_host, port),
-                family=socket.AF_INET6 if family6 else socket.AF_INET,
-            )
-            return transport, protocol
+            return await bind(bind_host, port)
         except OSError as exc:
             if exc.errno == errno.EADDRNOTAVAIL and bind_host == address:
                 # Announced but not local (1:1 NAT, container): listen on every address
                 # and announce this one.
                 bind_host = "::" if family6 else "0.0.0.0"
                 try:
-                    transport, protocol = await loop.create_datagram_endpoint(
-                        lambda: aioice.ice.StunProtocol(connection),
-                        local_addr=(bind_host, port),
-                        family=socket.AF_INET6 if family6 else socket.AF_INET,
-                    )
-                    return transport, protocol
+                    return await bind(bind_host, port)
                 except OSError:
                     continue
             if exc.errno != errno.EADDRINUSE:

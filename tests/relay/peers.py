@@ -116,18 +116,18 @@ def client_pc() -> RTCPeerConnection:
 
 
 def _record_sent(peer: Peer) -> None:
-    def observe(data: bytes) -> bool:
+    def observe(data: bytes) -> bytes | None:
         if 192 <= data[1] <= 223:
-            return True  # RTCP
+            return data  # RTCP
         pkt = RtpPacket.parse(data)
         if peer.drop is not None and peer.drop(pkt):
             peer.dropped.append(pkt)
-            return False  # lost on the way to the relay
+            return None  # lost on the way to the relay
         peer.sent.append(pkt)
-        return True
+        return data
 
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
-        aiortc_adapter.tap_sent(dtls, observe)
+        aiortc_adapter.filter_sent(dtls, observe)
 
 
 def _record_rtcp(peer: Peer) -> None:
