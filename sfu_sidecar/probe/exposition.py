@@ -8,12 +8,18 @@ or a renderer's free-form name. Units are base units (seconds, bytes, ratios).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
+import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from sfu_sidecar.metrics import NAMESPACE, Metrics
@@ -61,14 +67,39 @@ class StreamLabels:
         return label
 
 
+class BucketCounts:
+    """A histogram kept as plain numbers on the packet path and exported when scraped
+    (prometheus_client's observe() takes a lock and costs several times more per frame)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...] = FRAME_DEVIATION_BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def add(self, other: BucketCounts) -> None:
+        for i, n in enumerate(other.counts):
+            self.counts[i] += n
+        self.total += other.total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative (le, count) pairs as Prometheus writes them."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), float(running)))
+        return out
+
+
 class ProbeHistograms:
-    """Histograms observed as frames and reports arrive."""
+    """Histograms observed as viewers' reports arrive."""
 
     def __init__(self, metrics: Metrics) -> None:
-        self.frame_deviation = metrics.histogram(
-            "probe_frame_interval_deviation_seconds",
-            "Frame arrival gap minus the gap its RTP timestamps announce, absolute",
-            FRAME_DEVIATION_BUCKETS, ("stream", "kind"))
         self.av_skew = metrics.histogram(
             "probe_viewer_av_skew_seconds",
             "A/V skew viewers play (audio capture minus video capture; positive: audio leads)",
@@ -80,15 +111,9 @@ class ProbeHistograms:
 
     def drop(self, label: str) -> None:
         """Remove the series of a stream label that is no longer in use."""
-        for hist, kinds in ((self.frame_deviation, ("audio", "video")),
-                            (self.av_skew, None), (self.caption_error, None)):
-            for key in ([(label, k) for k in kinds] if kinds else [(label,)]):
-                _remove(hist, key)
-
-
-def _remove(hist: Histogram, key: tuple[str, ...]) -> None:
-    with contextlib.suppress(KeyError):  # never observed under that label
-        hist.remove(*key)
+        for hist in (self.av_skew, self.caption_error):
+            with contextlib.suppress(KeyError):  # never observed under that label
+                hist.remove(label)
 
 
 class ProbeCollector(Collector):
@@ -150,12 +175,19 @@ class ProbeCollector(Collector):
                            "Largest RFC 3550 jitter viewers report", ["stream", "kind"])
         resyncs = counter("probe_viewer_resyncs", "Sync timelines restarted, reported by viewers",
                           ["stream"])
+        deviation = HistogramMetricFamily(
+            f"{NAMESPACE}_probe_frame_interval_deviation_seconds",
+            "Frame arrival gap minus the gap its RTP timestamps announce, absolute",
+            labels=["stream", "kind"])
         totals: dict[tuple[str, str, str], int] = {}
         levels: dict[tuple[str, str], list[float | None]] = {}
         resync_totals: dict[str, int] = {}
+        deviations: dict[tuple[str, str], BucketCounts] = {}
         for name, sp in list(p.streams.items()):
             lbl = label(name)
             resync_totals[lbl] = resync_totals.get(lbl, 0) + sp.resyncs
+            for kind, counts in sp.deviation.items():
+                deviations.setdefault((lbl, kind), BucketCounts()).add(counts)
             for kind, track in sp.tracks.items():
                 for cause in Cause:
                     key3 = (lbl, kind, cause.value)
@@ -180,7 +212,9 @@ class ProbeCollector(Collector):
                     gauge_family.add_metric(list(key2), level)
         for lbl, n in sorted(resync_totals.items()):
             resyncs.add_metric([lbl], n)
-        yield from (disc, jitter, frame_rms, kurt, drift, viewers_rr, resyncs)
+        for key2, counts in sorted(deviations.items()):
+            deviation.add_metric(list(key2), counts.buckets(), counts.total)
+        yield from (deviation, disc, jitter, frame_rms, kurt, drift, viewers_rr, resyncs)
 
         bad = counter("probe_bad_inputs", "Refused GPU reports and playout reports, by kind",
                       ["kind"])

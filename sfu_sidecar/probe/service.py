@@ -32,7 +32,12 @@ from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe import gpu
 from sfu_sidecar.probe.alerts import DISCONTINUITY_HOLD_NS, AlertEvent, Alerts, Rule
 from sfu_sidecar.probe.dashboard import DashboardHub
-from sfu_sidecar.probe.exposition import ProbeCollector, ProbeHistograms, StreamLabels
+from sfu_sidecar.probe.exposition import (
+    BucketCounts,
+    ProbeCollector,
+    ProbeHistograms,
+    StreamLabels,
+)
 from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Renderers
 from sfu_sidecar.probe.stats import (
     TrackStats,
@@ -85,7 +90,7 @@ class StreamProbe:
         self.viewers: dict[str, ViewerStats] = {}
         self.caption_errors: deque[float] = deque(maxlen=CAPTION_ERRORS_KEPT)
         self.resyncs = 0
-        self.deviation_hist: dict[str, Any] = {}  # kind -> histogram child
+        self.deviation: dict[str, BucketCounts] = {}  # kind -> frame deviation histogram
 
 
 def histogram_counts(values: Iterable[float], edges: tuple[float, ...]) -> list[int]:
@@ -215,11 +220,10 @@ class ProbeService(RelayObserver):
     def _frame(self, sp: StreamProbe, track: TrackStats, packet: PacketInfo) -> None:
         deviation = track.last_deviation_ms
         if deviation is not None:
-            child = sp.deviation_hist.get(packet.kind)
-            if child is None:
-                child = sp.deviation_hist[packet.kind] = self.histograms.frame_deviation.labels(
-                    self.labels.peek(sp.name), packet.kind)
-            child.observe(abs(deviation) / 1000.0)
+            counts = sp.deviation.get(packet.kind)
+            if counts is None:
+                counts = sp.deviation[packet.kind] = BucketCounts()
+            counts.observe(abs(deviation) / 1000.0)
         track.on_frame_capture(packet.arrival_ns, self._house_capture(sp.name, packet),
                                HOUSE_BASIS)
 
