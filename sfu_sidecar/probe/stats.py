@@ -297,6 +297,8 @@ class TrackStats:
         self._first_ext = 0
         self._ticks_to_ns = NS / clock_rate
         self._limit_ns = DISCONTINUITY_NS
+        self._window_memo: tuple[int, float | None, float | None, float | None] = (
+            -1, None, None, None)
 
     # --- input --------------------------------------------------------------------------------
 
@@ -401,20 +403,28 @@ class TrackStats:
         """Arrival of the newest frame's first packet."""
         return self._frame_arrival
 
+    def _windowed(self) -> tuple[float | None, float | None, float | None]:
+        # Read several times a second (alerts, dashboard, API); the windows change only with
+        # a new frame, so the figures are kept until then.
+        if self._window_memo[0] != self.frames:
+            kurt = (excess_kurtosis(self.intervals_ms)
+                    if len(self.intervals_ms) >= KURTOSIS_WINDOW else None)
+            self._window_memo = (self.frames, rms(self.deviations_ms),
+                                 peak_to_peak(self.deviations_ms), kurt)
+        return self._window_memo[1:]
+
     @property
     def frame_jitter_rms_ms(self) -> float | None:
-        return rms(self.deviations_ms)
+        return self._windowed()[0]
 
     @property
     def frame_jitter_p2p_ms(self) -> float | None:
-        return peak_to_peak(self.deviations_ms)
+        return self._windowed()[1]
 
     @property
     def kurtosis(self) -> float | None:
         """Excess kurtosis of the last KURTOSIS_WINDOW arrival gaps (None until it is full)."""
-        if len(self.intervals_ms) < KURTOSIS_WINDOW:
-            return None
-        return excess_kurtosis(self.intervals_ms)
+        return self._windowed()[2]
 
     @property
     def discontinuity_count(self) -> int:
@@ -543,6 +553,10 @@ def worst_skew_ms(values: Iterable[float]) -> float | None:
 def viewer_summary(viewers: Iterable[ViewerStats]) -> dict[str, object]:
     """Across one stream's viewers: counts, and median/min/max of each reported figure."""
     vs = list(viewers)
+    if not vs:
+        return {"viewers": 0, "reporting": 0, "rr_jitter_ms": {}, "rr_jitter_grade": None,
+                "av_skew_ms": None, "av_skew_worst_ms": None, "caption_error_ms": None,
+                "clock_error_ms": None, "resyncs": 0}
     kinds = sorted({k for v in vs for k in v.rr_jitter_ms})
     skews = [v.av_skew_ms for v in vs if v.av_skew_ms is not None]
     worst_rr = max((x for v in vs for x in v.rr_jitter_ms.values()), default=None)
