@@ -117,7 +117,7 @@ def validate_offer(text: str) -> None:
     if not seen_version:
         raise BadInput("offer must start with v=0")
     if not sections:
-        raise BadInput("offer has no m-line")
+        raise BadInput("offer has no audio or video m-line")
     if sum(1 for s in sections if s.kind == "application") > 1:
         raise BadInput("offer has more than one application m-line; one data channel is served")
     mids: set[str] = set()

@@ -3,6 +3,7 @@ no offer that passes makes the real relay answer with a 5xx."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 from collections.abc import Callable
@@ -39,8 +40,6 @@ async def make_offer(direction: str = "sendonly", data_channel: bool = True) -> 
 
 @pytest.fixture(scope="module")
 def offers() -> dict[str, str]:
-    import asyncio
-
     loop = asyncio.new_event_loop()
     try:
         return {
@@ -90,6 +89,58 @@ def test_a_real_chromium_offer_passes(browser: Any) -> None:
         page.close()
     assert "a=extmap-allow-mixed" in sdp or "a=msid-semantic" in sdp  # it is Chromium's
     validate_offer(sdp)
+
+
+# A GStreamer webrtcbin offer (an independent WebRTC stack, as OBS-style encoders are), made by
+# the system Python that carries the gi bindings.
+GST_OFFER = """
+import gi
+gi.require_version("Gst", "1.0"); gi.require_version("GstWebRTC", "1.0")
+from gi.repository import Gst, GstWebRTC, GLib
+Gst.init(None)
+pipe = Gst.parse_launch(
+    "webrtcbin name=w bundle-policy=max-bundle "
+    "videotestsrc is-live=true ! vp8enc deadline=1 ! rtpvp8pay ! "
+    "application/x-rtp,media=video,encoding-name=VP8,payload=96 ! w. "
+    "audiotestsrc is-live=true ! opusenc ! rtpopuspay ! "
+    "application/x-rtp,media=audio,encoding-name=OPUS,payload=97 ! w.")
+w = pipe.get_by_name("w")
+loop = GLib.MainLoop()
+def offered(promise, _):
+    reply = promise.get_reply()
+    offer = reply.get_value("offer")
+    done = Gst.Promise.new()
+    w.emit("set-local-description", offer, done)
+def gathered(*_):
+    if w.get_property("ice-gathering-state") == GstWebRTC.WebRTCICEGatheringState.COMPLETE:
+        print(w.get_property("local-description").sdp.as_text())
+        loop.quit()
+def negotiate(_):
+    promise = Gst.Promise.new_with_change_func(offered, None)
+    w.emit("create-offer", None, promise)
+w.connect("on-negotiation-needed", negotiate)
+w.connect("notify::ice-gathering-state", gathered)
+pipe.set_state(Gst.State.PLAYING)
+GLib.timeout_add_seconds(20, loop.quit)
+loop.run()
+pipe.set_state(Gst.State.NULL)
+"""
+
+
+@pytest.mark.needs("gst-launch-1.0", "/usr/bin/python3")
+async def test_a_real_gstreamer_offer_passes_and_is_answered(relay: Relay) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "/usr/bin/python3", "-c", GST_OFFER,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    offer = out.decode()
+    assert offer.startswith("v=0"), err.decode()[-2000:]
+    validate_offer(offer)
+    # The DTLS client role, as a GStreamer publisher must take against aiortc.
+    offer = offer.replace("a=setup:actpass", "a=setup:active")
+    async with relay.http.post(f"{relay.base}/whip/gst", data=offer, headers=SDP) as r:
+        assert r.status == 201, await r.text()
 
 
 CASES: list[tuple[str, Callable[[str], str], str]] = [
@@ -152,7 +203,7 @@ CASES: list[tuple[str, Callable[[str], str], str]] = [
     ("BUNDLE names a missing mid", lambda s: edit(s, r"^a=group:BUNDLE 0 1 2$",
                                                   "a=group:BUNDLE 0 1 2 3"), "mid 3"),
     ("m-line removed, BUNDLE still names it", lambda s: edit(s, r"^m=audio .*\n", ""), "mid 0"),
-    ("no m-line", lambda s: s.split("m=audio")[0], "no m-line"),
+    ("no m-line", lambda s: s.split("m=audio")[0], "no audio or video m-line"),
     ("a line that is not type=value", lambda s: s + "garbage\n", "is not <type>=<value>"),
     ("too many lines", lambda s: s + "a=x\n" * MAX_LINES, "lines; at most"),
     ("a line too long", lambda s: s + "a=x:" + "y" * MAX_LINE_CHARS + "\n", "is over"),
