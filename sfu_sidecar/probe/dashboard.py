@@ -1,6 +1,7 @@
 """The operator dashboard's push channel: one WebSocket per open dashboard, one JSON per tick.
 
-Each tick's snapshot is serialised once and the same text goes to every dashboard. A dashboard
+Each tick's snapshot is serialised once and the same text goes to every dashboard (with none
+open it is kept as built, and serialised only when one opens). A dashboard
 whose previous push has not left yet skips this one (it is a live view: the next snapshot
 replaces it), so a stalled browser never holds up the others or queues memory. A dashboard that
 connects first gets the recent history, so its plots start full.
@@ -40,13 +41,17 @@ class DashboardHub:
     def __init__(self, hello: Callable[[], dict[str, Any]],
                  history: int = HISTORY_TICKS) -> None:
         self._hello = hello  # static part of the first message (alert rules, version)
-        self.history: deque[str] = deque(maxlen=history)
+        # Ticks as sent, or as built while no dashboard was open (serialised when one opens).
+        self.history: deque[str | dict[str, Any]] = deque(maxlen=history)
         self.dashboards: set[_Dashboard] = set()
         self.pushes = 0
         self.skipped = 0
 
-    def publish(self, tick: dict[str, Any]) -> str:
+    def publish(self, tick: dict[str, Any]) -> str | None:
         """Serialise ``tick`` once, keep it for late joiners and push it to every dashboard."""
+        if not self.dashboards:
+            self.history.append(tick)
+            return None
         text = dumps(tick)
         self.history.append(text)
         for dash in list(self.dashboards):
@@ -67,8 +72,11 @@ class DashboardHub:
 
     def hello_text(self) -> str:
         # The stored ticks are JSON already: splice them in rather than decode and re-encode.
+        for i, tick in enumerate(self.history):
+            if not isinstance(tick, str):
+                self.history[i] = dumps(tick)
         head = dumps({"type": "hello", **self._hello()})
-        return f'{head[:-1]},"history":[{",".join(self.history)}]}}'
+        return f'{head[:-1]},"history":[{",".join(map(str, self.history))}]}}'
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         """``GET /api/dashboard/ws``: read-only; whatever a dashboard sends is ignored."""

@@ -224,8 +224,9 @@ class ProbeService(RelayObserver):
             if counts is None:
                 counts = sp.deviation[packet.kind] = BucketCounts()
             counts.observe(abs(deviation) / 1000.0)
-        track.on_frame_capture(packet.arrival_ns, self._house_capture(sp.name, packet),
-                               HOUSE_BASIS)
+        if track.candidate:
+            track.on_frame_capture(packet.arrival_ns, self._house_capture(sp.name, packet),
+                                   HOUSE_BASIS)
 
     def _house_capture(self, stream: str, packet: PacketInfo) -> int | None:
         """The frame's capture time on the house clock when the sync component knows it exactly

@@ -273,6 +273,15 @@ class Discontinuity:
 class TrackStats:
     """Timing statistics of one published track (one kind of one stream)."""
 
+    # Slots: every packet reads and writes a dozen of these.
+    __slots__ = (
+        "_candidate_bucket", "_candidate_delay", "_external_basis", "_first_arrival",
+        "_frame_arrival", "_frame_ext", "_frame_ts", "_limit_ns", "_max_seq", "_ticks_to_ns",
+        "_window_memo", "candidate", "clock_rate", "deviations_ms", "discontinuities", "fit",
+        "frames", "intervals_ms", "jitter", "kind", "last_deviation_ms", "last_discontinuity",
+        "packets", "publisher", "reordered", "ssrc",
+    )
+
     def __init__(self, kind: str, clock_rate: int) -> None:
         self.kind = kind
         self.clock_rate = clock_rate
@@ -292,9 +301,12 @@ class TrackStats:
         self._max_seq = 0
         self._frame_ts = 0
         self._frame_arrival = 0
-        self._frame_ext = 0  # unwrapped timestamp of the newest frame
+        self._frame_ext = 0  # timestamp of the newest frame, unwrapped, from the first one
         self._first_arrival = 0
-        self._first_ext = 0
+        self._candidate_bucket = -1
+        self._candidate_delay = 0
+        # Whether the newest frame may be its fit bucket's least-delayed one (see on_packet).
+        self.candidate = False
         self._ticks_to_ns = NS / clock_rate
         self._limit_ns = DISCONTINUITY_NS
         self._window_memo: tuple[int, float | None, float | None, float | None] = (
@@ -345,14 +357,25 @@ class TrackStats:
         self._frame_ts = timestamp
         self._frame_arrival = arrival_ns
         self._frame_ext += step
-        if self._external_basis is None:
-            self.fit.add(arrival_ns, self._rtp_capture_ns(self._frame_ext))
+        # Only the least-delayed frame of each fit bucket becomes a point, and on one capture
+        # timeline every basis orders frames by delay as the RTP timestamps do: frames that
+        # cannot be a bucket's best are settled here, without asking for their capture time.
+        rtp_capture = self._first_arrival + int(self._frame_ext * self._ticks_to_ns)
+        delay = rtp_capture - arrival_ns
+        bucket = arrival_ns // FIT_BUCKET_NS
+        if bucket != self._candidate_bucket or delay > self._candidate_delay:
+            self._candidate_bucket, self._candidate_delay = bucket, delay
+            self.candidate = True
+            if self._external_basis is None:
+                self.fit.add(arrival_ns, rtp_capture)
+        else:
+            self.candidate = False
         return True
 
     def on_frame_capture(self, arrival_ns: int, capture_ns: int | None, basis: str) -> None:
         """The newest frame's capture time on another basis than its RTP timestamps (e.g. the
         house clock, from the publisher's clock join); None returns to the RTP basis. A change
-        of basis starts a new fit."""
+        of basis starts a new fit. Only frames flagged :attr:`candidate` need it."""
         if capture_ns is None:
             if self._external_basis is not None:
                 self._external_basis = None
@@ -366,7 +389,7 @@ class TrackStats:
 
     def _rtp_capture_ns(self, ext: int) -> int:
         # The RTP timeline placed on the arrival clock at the timeline's first frame.
-        return self._first_arrival + round((ext - self._first_ext) * self._ticks_to_ns)
+        return self._first_arrival + int(ext * self._ticks_to_ns)
 
     def _restart(
         self, publisher: str, ssrc: int, seq: int, timestamp: int, arrival_ns: int
@@ -384,11 +407,13 @@ class TrackStats:
         """A new capture timeline: frame gaps across the break mean nothing."""
         self._frame_ts = timestamp
         self._frame_arrival = self._first_arrival = arrival_ns
-        self._frame_ext = self._first_ext = 0
+        self._frame_ext = 0
         self.last_deviation_ms = None
         self.fit = ClockFit()
         self._external_basis = None
         self.fit.add(arrival_ns, arrival_ns)
+        self._candidate_bucket, self._candidate_delay = arrival_ns // FIT_BUCKET_NS, 0
+        self.candidate = True
 
     def _discontinuity(
         self, cause: Cause, ssrc: int, arrival_ns: int, jump_ms: float | None
