@@ -112,6 +112,15 @@ def most_out_of_band(values: Iterable[float], rule: Rule) -> float | None:
     return max(values, key=excess, default=None)
 
 
+def viewers_over_bound(rows: Iterable[tuple[str, int, int]]) -> dict[str, int]:
+    """Per stream, the viewers whose channel holds more than its bound (stream, bytes, bound)."""
+    over: dict[str, int] = {}
+    for stream, waiting, bound in rows:
+        if waiting > bound:
+            over[stream] = over.get(stream, 0) + 1
+    return over
+
+
 def clock_alert_values(state: str, sources: list[str]) -> dict[str, float]:
     """The clock alerts' inputs from the house clock's state (clock/service.py STATES).
 
@@ -352,16 +361,21 @@ class ProbeService(RelayObserver):
             self._update(rule_name, name, worst, now,
                          f"{outside} of {len(skews)} reporting viewers outside")
 
-    def _backlog_alerts(self, now: int) -> None:
+    def channel_backlogs(self) -> list[tuple[str, int, int]]:
+        """(stream, bytes waiting, bound) of every viewer's sync channel."""
         if self.sync is None:
-            return
-        over: dict[str, int] = {}
+            return []
+        rows = []
         for entry in list(self.sync.viewers.values()):
-            stream = entry.session.stream.name
             channel = entry.channel
-            backlog = channel.bufferedAmount if channel is not None else 0
-            over[stream] = over.get(stream, 0) + (
-                backlog > entry.sync.batcher.max_buffered_bytes)
+            rows.append((entry.session.stream.name,
+                         channel.bufferedAmount if channel is not None else 0,
+                         entry.sync.batcher.max_buffered_bytes))
+        return rows
+
+    def backlog_alerts(self, now: int, rows: Iterable[tuple[str, int, int]]) -> None:
+        """The viewer_backlog alert of each stream from :meth:`channel_backlogs` rows."""
+        over = viewers_over_bound(rows)
         for name in self.streams:
             n = over.get(name, 0)
             self._update("viewer_backlog", name, 1.0 if n else 0.0, now,
@@ -398,7 +412,7 @@ class ProbeService(RelayObserver):
                 self._forget(name, now)
                 continue
             self._stream_alerts(name, sp, now)
-        self._backlog_alerts(now)
+        self.backlog_alerts(now, self.channel_backlogs())
         self._gpu_alerts(self.gpu_sample, now)
         snapshot = self.snapshot(now, clock)
         self.hub.publish(snapshot)

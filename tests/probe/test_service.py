@@ -30,6 +30,7 @@ from sfu_sidecar.probe.service import (
     clock_alert_values,
     histogram_counts,
     most_out_of_band,
+    viewers_over_bound,
 )
 from sfu_sidecar.relay.hooks import PacketInfo
 from sfu_sidecar.sync.wire import ControlMessage, Playout
@@ -131,6 +132,9 @@ async def test_live_publisher_and_viewer_feed_every_statistic(app: App) -> None:
             t_ns=time.time_ns(), frames=25, av_skew_ms=-12.5, captions=1,
             caption_error_ms=16.0, resyncs=1)).serialize())
         await wait_for(lambda: probe.streams["live"].resyncs == 1, 5, "the playout report")
+        # The viewer's sync channel, as the backlog alert sees it: open and nearly empty.
+        ((stream, waiting, bound),) = probe.channel_backlogs()
+        assert stream == "live" and 0 <= waiting < bound == 16 * 1024
 
         status, body = await app.get("/api/streams/live/sync")
         assert status == 200
@@ -268,6 +272,27 @@ def test_clock_states_map_to_their_alerts(state: str, sources: list[str],
     values = clock_alert_values(state, sources)
     assert set(values) == {"clock_source_lost", "clock_holdover", "clock_slewing"}
     assert {name for name, v in values.items() if RULES[name].bad(v)} == raised
+
+
+async def test_viewer_backlog_alert_from_channel_backlogs(app: App) -> None:
+    probe = app.probe
+    start_stream(probe)
+    start_stream(probe, "quiet")
+    probe.on_playout("live", "v1", playout())
+    probe.on_playout("quiet", "v2", playout())
+    now = time.time_ns()
+    assert probe.channel_backlogs() == []  # no viewer has a sync channel here
+    rows = [("live", 40_000, 16_384), ("live", 100, 16_384), ("quiet", 16_384, 16_384)]
+    assert viewers_over_bound(rows) == {"live": 1}
+    probe.backlog_alerts(now, rows)
+    probe.backlog_alerts(now + 2 * S, rows)
+    assert probe.alerts.is_active("viewer_backlog", "live")
+    assert not probe.alerts.is_active("viewer_backlog", "quiet")  # at the bound, not over
+    active = next(a for a in probe.alerts.active() if a["alert"] == "viewer_backlog")
+    assert active["detail"] == "1 viewers over their bound"
+    probe.backlog_alerts(now + 3 * S, [])
+    probe.backlog_alerts(now + 5 * S, [])
+    assert not probe.alerts.is_active("viewer_backlog", "live")
 
 
 GIB = 1 << 30
