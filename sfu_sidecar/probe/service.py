@@ -39,12 +39,8 @@ from sfu_sidecar.probe.exposition import (
     StreamLabels,
 )
 from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Renderers
-from sfu_sidecar.probe.stats import (
-    TrackStats,
-    ViewerStats,
-    capture_skew_ms,
-    viewer_summary,
-)
+from sfu_sidecar.probe.stats import TrackStats, capture_skew_ms
+from sfu_sidecar.probe.viewers import ViewerStats, viewer_summary
 from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver
 from sfu_sidecar.relay.whip import STREAM_PATTERN
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message

@@ -1,4 +1,4 @@
-"""Timing statistics of published tracks and of their viewers. Pure: every time is passed in.
+"""Timing statistics of published tracks. Pure: every time is passed in.
 
 Per published track, :class:`TrackStats` takes each RTP packet in arrival order and keeps
 
@@ -13,8 +13,7 @@ Per published track, :class:`TrackStats` takes each RTP packet in arrival order 
   clock's rate error in ppm and its offset against the house clock in ms, with the spread of the
   points around the line.
 
-Per viewer, :class:`ViewerStats` keeps what the viewer reports: receiver-report jitter per track,
-the A/V skew it is playing, its caption timing error and its clock-join error.
+What viewers report is in ``viewers.py``.
 
 Everything per packet is a few arithmetic operations; per frame, a few appends to bounded
 deques; the windowed figures and the line fit are computed when read (about once a second), so
@@ -25,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import math
-import statistics
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -33,8 +31,6 @@ from enum import StrEnum
 from typing import Any
 
 import numpy as np
-
-from sfu_sidecar.sync.wire import Playout
 
 NS = 1_000_000_000
 MS = 1_000_000
@@ -476,10 +472,10 @@ class TrackStats:
             },
             "frame_interval": {
                 "window": len(self.deviations_ms),
-                "rms_ms": _round(rms_ms),
-                "peak_to_peak_ms": _round(self.frame_jitter_p2p_ms),
+                "rms_ms": round_or_none(rms_ms),
+                "peak_to_peak_ms": round_or_none(self.frame_jitter_p2p_ms),
                 "grade": grade(rms_ms),
-                "kurtosis": _round(kurt),
+                "kurtosis": round_or_none(kurt),
                 "bursty": kurt is not None and kurt > BURSTY_KURTOSIS,
             },
             "discontinuities": {
@@ -487,7 +483,7 @@ class TrackStats:
                 **{cause.value: n for cause, n in self.discontinuities.items()},
                 "last": None if last is None else {
                     "cause": last.cause.value, "arrival_ns": last.arrival_ns,
-                    "ssrc": last.ssrc, "jump_ms": _round(last.jump_ms),
+                    "ssrc": last.ssrc, "jump_ms": round_or_none(last.jump_ms),
                 },
             },
             "clock": None if model is None else {
@@ -511,90 +507,5 @@ def capture_skew_ms(audio: ClockModel | None, video: ClockModel | None,
     return audio.offset_ms_at(at_ns) - video.offset_ms_at(at_ns)
 
 
-def _round(value: float | None, digits: int = 3) -> float | None:
+def round_or_none(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
-
-
-# --- viewers ----------------------------------------------------------------------------------
-
-
-class ViewerStats:
-    """What one viewer's reports say about its playout."""
-
-    def __init__(self, stream: str) -> None:
-        self.stream = stream
-        self.rr_jitter_ms: dict[str, float] = {}
-        self.rr_fraction_lost: dict[str, float] = {}
-        self.av_skew_ms: float | None = None
-        self.caption_error_ms: float | None = None
-        self.clock_error_ms: float | None = None
-        self.resyncs = 0
-        self.reports = 0
-        self.last_report_ns: int | None = None
-
-    def on_receiver_report(
-        self, kind: str, jitter_ticks: int, clock_rate: int, fraction_lost: int
-    ) -> None:
-        self.rr_jitter_ms[kind] = jitter_ticks * 1000.0 / clock_rate
-        self.rr_fraction_lost[kind] = fraction_lost / 256.0
-
-    def on_playout(self, report: Playout, now_ns: int) -> None:
-        self.reports += 1
-        self.last_report_ns = now_ns
-        self.resyncs += report.resyncs
-        if report.frames > 0:
-            self.av_skew_ms = report.av_skew_ms
-        if report.captions > 0:
-            self.caption_error_ms = report.caption_error_ms
-
-    def on_clock_report(self, error_ns: int) -> None:
-        self.clock_error_ms = error_ns / MS
-
-    def summary(self) -> dict[str, object]:
-        return {
-            "rr_jitter_ms": {k: round(v, 3) for k, v in self.rr_jitter_ms.items()},
-            "rr_jitter_grade": {k: grade(v) for k, v in self.rr_jitter_ms.items()},
-            "fraction_lost": dict(self.rr_fraction_lost),
-            "av_skew_ms": _round(self.av_skew_ms),
-            "caption_error_ms": _round(self.caption_error_ms),
-            "clock_error_ms": _round(self.clock_error_ms),
-            "resyncs": self.resyncs,
-            "reports": self.reports,
-        }
-
-
-def _spread(values: list[float]) -> dict[str, float] | None:
-    if not values:
-        return None
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3),
-            "max": round(max(values), 3)}
-
-
-def worst_skew_ms(values: Iterable[float]) -> float | None:
-    """The skew farthest from zero, with its sign (the viewer in the worst lip sync)."""
-    return max(values, key=abs, default=None)
-
-
-def viewer_summary(viewers: Iterable[ViewerStats]) -> dict[str, object]:
-    """Across one stream's viewers: counts, and median/min/max of each reported figure."""
-    vs = list(viewers)
-    if not vs:
-        return {"viewers": 0, "reporting": 0, "rr_jitter_ms": {}, "rr_jitter_grade": None,
-                "av_skew_ms": None, "av_skew_worst_ms": None, "caption_error_ms": None,
-                "clock_error_ms": None, "resyncs": 0}
-    kinds = sorted({k for v in vs for k in v.rr_jitter_ms})
-    skews = [v.av_skew_ms for v in vs if v.av_skew_ms is not None]
-    worst_rr = max((x for v in vs for x in v.rr_jitter_ms.values()), default=None)
-    return {
-        "viewers": len(vs),
-        "reporting": sum(1 for v in vs if v.reports),
-        "rr_jitter_ms": {k: _spread([v.rr_jitter_ms[k] for v in vs if k in v.rr_jitter_ms])
-                         for k in kinds},
-        "rr_jitter_grade": grade(worst_rr),
-        "av_skew_ms": _spread(skews),
-        "av_skew_worst_ms": _round(worst_skew_ms(skews)),
-        "caption_error_ms": _spread([v.caption_error_ms for v in vs
-                                     if v.caption_error_ms is not None]),
-        "clock_error_ms": _spread([v.clock_error_ms for v in vs if v.clock_error_ms is not None]),
-        "resyncs": sum(v.resyncs for v in vs),
-    }
