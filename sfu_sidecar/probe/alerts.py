@@ -10,7 +10,7 @@ Thresholds come from the standards the figures are judged by:
 
 * lip sync: ATSC IS-191 (audio may lead video by at most 15 ms and lag it by at most 45 ms) and
   ITU-R BT.1359 (the detectability limits, +45 / -125 ms); positive skew is audio leading;
-* frame jitter: 112 ms RMS of frame-interval deviations, where frames visibly judder;
+* frame jitter: 112 ms RMS of frame-interval deviations;
 * burstiness: excess kurtosis of frame gaps above 3.5;
 * GPU: fragmentation index 0.68, device memory 95 % used.
 """

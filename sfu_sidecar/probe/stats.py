@@ -16,8 +16,9 @@ Per published track, :class:`TrackStats` takes each RTP packet in arrival order 
 What viewers report is in ``viewers.py``.
 
 Everything per packet is a few arithmetic operations; per frame, a few appends to bounded
-deques; the windowed figures and the line fit are computed when read (about once a second), so
-the cost per packet and per frame stays O(1) amortised.
+deques; the windowed figures are computed when read (about once a second) and the line is
+refitted after every FIT_REFIT_POINTS new points, so the cost per packet and per frame stays O(1)
+amortised.
 """
 
 from __future__ import annotations
@@ -37,14 +38,12 @@ MS = 1_000_000
 MASK32 = 0xFFFFFFFF
 
 # A capture-time step this far ahead of the arrival step, or any step backwards, is a
-# discontinuity rather than jitter (ITU-T G.1050 counts delay steps of this order as route
-# changes); such steps are also kept out of the jitter figures.
+# discontinuity rather than jitter: it is counted by cause and kept out of the jitter figures.
 DISCONTINUITY_NS = 800_000_000
 FRAME_WINDOW = 64  # frames in the RMS / peak-to-peak window: about 2 s of 30 fps video
 KURTOSIS_WINDOW = 32
 BURSTY_KURTOSIS = 3.5
-# Jitter grades, ms: below GOOD a 20-40 ms playout buffer hides it; above FAIR buffers grow
-# visibly or frames are dropped.
+# Jitter grades, ms: good below GOOD_MS, fair up to FAIR_MS, poor above.
 GOOD_MS = 10.0
 FAIR_MS = 30.0
 # Clock fit: one point per bucket (its least-delayed frame: the lower envelope of arrivals is
