@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from aiohttp import web
 from sfu_sidecar import __version__, logs
 from sfu_sidecar.config import Settings
 from sfu_sidecar.cors import CorsPolicy
+from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import (
     METRICS_KEY,
     cors_middleware,
@@ -93,12 +95,30 @@ async def _index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
-async def _page(request: web.Request) -> web.FileResponse:
-    name = request.match_info["page"]
-    path = WEB_DIR / f"{name}.html"
+# Names the web folder serves: short, plain, no dot segments. Anything else is a JSON 404
+# before the file system is asked (a name past 255 bytes would make it raise).
+_SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}"
+_WEB_NAME = re.compile(rf"{_SEGMENT}(/{_SEGMENT}){{0,3}}")
+
+
+def _web_file(relative: str) -> Path:
+    if not _WEB_NAME.fullmatch(relative) or ".." in relative:
+        raise NotFound(f"no file {relative[:100]!r}")
+    path = WEB_DIR / relative
     if not path.is_file():
-        raise web.HTTPNotFound()
-    return web.FileResponse(path)
+        raise NotFound(f"no file {relative[:100]!r}")
+    return path
+
+
+async def _page(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(_web_file(request.match_info["page"] + ".html"))
+
+
+def _static(folder: str) -> Callable[[web.Request], Awaitable[web.FileResponse]]:
+    async def serve(request: web.Request) -> web.FileResponse:
+        return web.FileResponse(_web_file(f"{folder}/{request.match_info['name']}"))
+
+    return serve
 
 
 def build_app(settings: Settings, components: list[Component] | None = None) -> web.Application:
@@ -107,7 +127,10 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
     if components is None:
         components = build_components(settings, metrics)
     app = web.Application(
-        middlewares=[edge_middleware, cors_middleware], client_max_size=settings.max_body_bytes
+        middlewares=[edge_middleware, cors_middleware], client_max_size=settings.max_body_bytes,
+        # Bodies are read as sent: no client of this API compresses SDP or cues, and aiohttp's
+        # own decompression answers a bad stream with errors no route can turn into a 4xx.
+        handler_args={"auto_decompress": False},
     )
     install_cors(app, CorsPolicy(settings.cors_origins))
     services = Services(settings, metrics, time.monotonic(), components)
@@ -119,7 +142,7 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
     app.router.add_get(r"/{page:[a-z_-]+}.html", _page)
     for folder in ("js", "vendor"):
         if (WEB_DIR / folder).is_dir():
-            app.router.add_static(f"/{folder}", WEB_DIR / folder)
+            app.router.add_get(f"/{folder}/{{name:.+}}", _static(folder))
     for component in components:
         component.add_routes(app)
 

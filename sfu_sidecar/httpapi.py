@@ -150,6 +150,10 @@ def require_content_type(request: web.Request, *accepted: str) -> str:
 
 async def read_body(request: web.Request, limit: int) -> bytes:
     """Read the whole body, refusing more than ``limit`` bytes without buffering them all."""
+    encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise UnsupportedMediaType(f"Content-Encoding {encoding[:40]} not accepted; send the "
+                                   "body uncompressed")
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
     chunks = []

@@ -7,11 +7,10 @@ The app is the real one (``build_app`` with all components, a SQLite caption sto
 reach past the not-found answers. ``FUZZ_EXAMPLES`` sets the examples per route (default 40)
 for a longer local run.
 
-A few requests are answered by the HTTP edge before any route or middleware sees them in a
-form the routes cannot change (aiohttp's parser on Content-Encoding and request lines past
-8190 bytes, file responses on missing files, If-Match and Range, file names past 255 bytes).
-The properties keep to requests that reach the routes and accept those file-response answers;
-each gap is pinned by a strict xfail test at the end of this file.
+Two answers come from below the routes and are accepted as they are: aiohttp's parser refuses
+a request line past 8190 bytes (400, text), and a file response answers a failed If-Match or
+an unsatisfiable Range on a file that exists (412/416, empty body). The edge cases that used to
+escape as 500s are pinned by the tests at the end of this file.
 """
 
 from __future__ import annotations
@@ -144,7 +143,7 @@ def headers(draw: st.DrawFn) -> dict[str, str]:
         "Access-Control-Request-Headers": HEADER_TEXT,
         "Accept": st.one_of(st.sampled_from(["application/json", "*/*", "text/vtt"]),
                             HEADER_TEXT),
-        "Content-Encoding": st.sampled_from(["identity", "x"]),  # see EDGE GAPS below
+        "Content-Encoding": st.sampled_from(["identity", "x", "gzip", "br", "deflate"]),
         "Range": st.sampled_from(["bytes=0-1", "bytes=99999999999999999999-", "bytes=x"]),
         "If-None-Match": HEADER_TEXT,
         "If-Modified-Since": st.one_of(st.just("Sun, 06 Nov 1994 08:49:37 GMT"), HEADER_TEXT),
@@ -312,10 +311,6 @@ def requests(draw: st.DrawFn, route: web.AbstractRoute, live: Live) -> Request:
         st.sampled_from(["start=%ff&end=%zz", "start=1&start=2&end=3", ";;;", "=", "&&",
                          "start=1e308&end=1e309", "since=" + "9" * 5000, "lang=%00"]),
     ))
-    # A segment past the file system's name limit (255 bytes) is a 500 from the static and
-    # page handlers, which look it up as a file name: an edge gap, pinned by
-    # test_edge_gap_overlong_file_name below.
-    assume(all(len(segment) <= 250 for segment in path.split("/")))
     target = path + (f"?{query}" if query else "")
     # aiohttp's HTTP parser answers a request line past 8190 bytes itself (400 text/plain,
     # before any route): that is the server's limit, not a route's answer.
@@ -336,10 +331,9 @@ async def send(live: Live, req: Request) -> tuple[int, str, str]:
         return resp.status, resp.content_type, text
 
 
-# Status codes a file response (static folders, the HTML pages) answers by itself, with an
-# empty octet-stream body and no JSON: a missing file, a failed If-Match, an unsatisfiable
-# Range. An edge gap, pinned by test_edge_gap_missing_static_file below.
-FILE_RESPONSE_REFUSALS = (404, 412, 416)
+# Status codes a file response (static folders, the HTML pages) answers by itself for a file
+# that exists, with an empty body: a failed If-Match, an unsatisfiable Range.
+FILE_RESPONSE_REFUSALS = (412, 416)
 
 
 def assert_answer(req: Request, status: int, content_type: str, text: str) -> None:
@@ -348,7 +342,7 @@ def assert_answer(req: Request, status: int, content_type: str, text: str) -> No
         return
     if (content_type == "application/octet-stream" and text == ""
             and status in FILE_RESPONSE_REFUSALS and req.method in ("GET", "HEAD")):
-        event(f"edge gap: file response {status} without JSON")
+        event(f"file response {status}")
         return
     assert content_type == "application/json", (req, status, content_type, text)
     if req.method != "HEAD":
@@ -503,27 +497,22 @@ async def test_caption_websocket_answers_every_message_without_a_5xx(live: Live)
     await ws.close()
 
 
-# --- EDGE GAPS: the HTTP edge (httpapi.py, app.py) answers these itself ---------------------
-# Each test states the contract and fails today; strict, so it turns red the day the edge is
-# fixed and the gap (and its exclusion from the properties above) can be removed.
-
-EDGE = "the HTTP edge lets this through; fix belongs in httpapi.py / app.py"
+# --- the HTTP edge: cases that once escaped the routes as 500s or bodies without a reason ----
 
 
-@pytest.mark.xfail(strict=True, reason=EDGE)
-async def test_edge_gap_undecodable_gzip_body_is_a_json_400(live: Live) -> None:
-    """read_body lets aiohttp's decompression error out of the handler: a 500 today."""
+async def test_edge_compressed_body_is_a_json_415(live: Live) -> None:
+    """Bodies are taken as sent; a compressed one is refused with the reason, not decoded."""
     async with live.client.post(
         "/api/streams/live/captions", data=b"not gzip",
         headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
                  "Content-Encoding": "gzip"},
     ) as resp:
-        assert resp.status == 400 and resp.content_type == "application/json"
+        assert resp.status == 415 and resp.content_type == "application/json"
+        assert "Content-Encoding" in (await resp.json())["error"]
 
 
-@pytest.mark.xfail(strict=True, reason=EDGE)
-async def test_edge_gap_unsupported_content_encoding_is_a_json_4xx(live: Live) -> None:
-    """aiohttp's HTTP parser refuses ``br`` (no Brotli) and bad deflate as text/plain."""
+async def test_edge_content_encoding_never_reaches_a_decoder(live: Live) -> None:
+    """``br`` (no Brotli here) and bad deflate are never decoded, so never refused as text."""
     for encoding in ("br", "deflate"):
         async with live.client.get(
             "/healthz", data=b"x", headers={"Content-Encoding": encoding}
@@ -531,26 +520,22 @@ async def test_edge_gap_unsupported_content_encoding_is_a_json_4xx(live: Live) -
             assert resp.status < 500 and resp.content_type == "application/json"
 
 
-@pytest.mark.xfail(strict=True, reason=EDGE)
 @pytest.mark.parametrize("path", ["/js/" + "x" * 300 + ".js", "/" + "x" * 300 + ".html"])
-async def test_edge_gap_overlong_file_name(live: Live, path: str) -> None:
-    """The static and page handlers look the name up as a file: ENAMETOOLONG is a 500."""
+async def test_edge_overlong_file_name(live: Live, path: str) -> None:
+    """Names are checked before the file system is asked (ENAMETOOLONG was a 500)."""
     async with live.client.get(path) as resp:
         assert resp.status == 404 and resp.content_type == "application/json"
 
 
-@pytest.mark.xfail(strict=True, reason=EDGE)
-async def test_edge_gap_missing_static_file(live: Live) -> None:
-    """A missing static file is FileResponse's own empty 404, not the JSON error."""
+async def test_edge_missing_static_file(live: Live) -> None:
+    """A missing static file is the JSON 404, like every other route's."""
     async with live.client.get("/js/no-such-file.js") as resp:
         assert resp.status == 404 and resp.content_type == "application/json"
 
 
-@pytest.mark.xfail(strict=True, reason="clock/exchange.py decode_json lets RecursionError "
-                   "through; the fix belongs in the clock package")
-async def test_clock_websocket_gap_deep_json_closes_with_1007(live: Live) -> None:
+async def test_clock_websocket_deep_json_closes_with_1007(live: Live) -> None:
     """Nesting deep enough to exhaust recursion, small enough for the 4096-byte frame limit:
-    the handler raises and the socket is torn instead of closed with 1007."""
+    the socket is closed with 1007 and a reason, not torn by an exception."""
     ws = await live.client.ws_connect("/api/clock/ws")
     await ws.send_str("[" * 2000 + "]" * 2000)
     await ws.close()

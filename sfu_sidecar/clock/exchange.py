@@ -108,6 +108,8 @@ def decode_json(text: str) -> ClockMessage:
         obj = json.loads(text)
     except ValueError as exc:
         raise ExchangeError(f"not JSON: {exc}") from None
+    except RecursionError:
+        raise ExchangeError("JSON nested too deeply") from None
     return from_map(obj)
 
 

@@ -54,6 +54,7 @@ __all__ = [
     "REQUIRED",
     "RemoteBitrateEstimator",
     "check",
+    "close_peer",
     "filter_sent",
     "install_ice",
     "negotiate_header_extension",
@@ -118,6 +119,16 @@ async def check() -> None:
                 raise _fail(f"aioice Connection.{name}")
     finally:
         await pc.close()
+
+
+async def close_peer(pc: RTCPeerConnection) -> None:
+    """Close a peer connection whatever state negotiation left it in: aiortc's ``close`` can
+    raise when a session failed before its transports were built, and a session's teardown
+    must never fail (it runs in another session's request or in a reaper task)."""
+    try:
+        await pc.close()
+    except Exception as exc:  # aiortc internals, half built
+        log.warning("closing a peer connection failed inside aiortc: %r", exc)
 
 
 def negotiate_header_extension(kind: str, uri: str) -> None:

@@ -433,7 +433,7 @@ class PublisherSession(_PeerSession):
         if self._tick_task is not None and self._tick_task is not asyncio.current_task():
             self._tick_task.cancel()
         self.stream.publisher_closed(self)
-        await self.pc.close()
+        await adapter.close_peer(self.pc)
 
     def status(self) -> dict[str, Any]:
         return {
@@ -659,7 +659,7 @@ class ViewerSession(_PeerSession):
             self._rtcp_task.cancel()
         self.stream.viewer_closed(self)
         self._notify("viewer_closed", self)
-        await self.pc.close()
+        await adapter.close_peer(self.pc)
 
     def status(self) -> dict[str, Any]:
         return {

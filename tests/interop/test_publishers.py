@@ -17,7 +17,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.netns
+# A minute of media each, plus start-up and, for Chromium, waiting for the machine's browser lock.
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(300)]
 
 SECONDS = 60
 SETTLE_S = 3  # before the publisher's first reports arrive, capture time comes from arrivals

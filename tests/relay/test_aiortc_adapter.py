@@ -66,3 +66,19 @@ async def test_announced_address_that_is_not_local_binds_the_wildcard() -> None:
     sdp = pc.localDescription.sdp
     await pc.close()
     assert " 203.0.113.7 " in sdp
+
+
+async def test_close_peer_after_a_failed_negotiation() -> None:
+    """A garbled direction makes aiortc's createAnswer raise half way; closing that peer
+    connection still completes and leaves it closed."""
+    from aiortc import RTCSessionDescription
+
+    from tests.relay.test_offer_check import make_offer
+
+    offer = (await make_offer()).replace("a=sendonly", "a=sendonlx")
+    pc = client_pc()
+    await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
+    with pytest.raises(ValueError):
+        await pc.setLocalDescription(await pc.createAnswer())
+    await aiortc_adapter.close_peer(pc)
+    assert pc.connectionState == "closed"
