@@ -63,16 +63,14 @@ SERVER_CPU = 0
 
 
 def serve_product(port: int, data_dir: Path) -> None:
-    from sfu_sidecar.app import SERVICES_KEY, build_app
+    from sfu_sidecar.app import Components, build_app
     from sfu_sidecar.captions.service import CaptionService
     from sfu_sidecar.config import Settings
-    from sfu_sidecar.httpapi import METRICS_KEY
+    from sfu_sidecar.metrics import Metrics
 
     settings = Settings(data_dir=data_dir, publish_token=TOKEN, port=port, log_level="warning")
-    app = build_app(settings, components=[])
-    service = CaptionService(settings, app[METRICS_KEY])
-    service.add_routes(app)
-    app[SERVICES_KEY].components.append(service)
+    metrics = Metrics()
+    app = build_app(settings, Components(metrics, captions=CaptionService(settings, metrics)))
     _run(app, port)
 
 
@@ -102,11 +100,12 @@ def serve_baseline(port: int, data_dir: Path) -> None:
         ).encode()
         return web.Response(body=body, headers={"Content-Type": "text/vtt; charset=utf-8"})
 
-    from sfu_sidecar.app import build_app
+    from sfu_sidecar.app import Components, build_app
     from sfu_sidecar.config import Settings
+    from sfu_sidecar.metrics import Metrics
 
     # The same application shell (edge middleware, metrics, /healthz) around the naive handler.
-    app = build_app(Settings(data_dir=data_dir, log_level="warning"), components=[])
+    app = build_app(Settings(data_dir=data_dir, log_level="warning"), Components(Metrics()))
     app.router.add_get(r"/captions/{stream}/{lang}/chunk-{n:[0-9]{1,12}}.vtt", chunk)
     _run(app, port)
 

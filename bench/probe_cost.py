@@ -266,13 +266,13 @@ async def dashboard_push(ticks: int, tick_s: float) -> list[dict[str, Any]]:
 
     from sfu_sidecar.app import SERVICES_KEY, build_app
     from sfu_sidecar.config import load_settings
-    from sfu_sidecar.probe.service import ProbeService
     from sfu_sidecar.relay.hooks import PacketInfo
     from sfu_sidecar.sync.wire import Playout
 
     settings = load_settings({"data_dir": tempfile.mkdtemp(prefix="sfu-bench-")})
     app = build_app(settings)
-    probe = next(c for c in app[SERVICES_KEY].components if isinstance(c, ProbeService))
+    probe = app[SERVICES_KEY].components.probe
+    assert probe is not None
     probe.tick_s = None  # ticks are driven and timed here
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()

@@ -249,12 +249,11 @@ def run_server(mode: str, port: int) -> None:
     relay = None
     if mode == "relay":
         from sfu_sidecar.app import SERVICES_KEY, build_app
-        from sfu_sidecar.relay import RelayService
 
         # The whole product (house clock, captions, sync metadata per viewer), not the relay
         # alone: what a deployment pays per viewer.
         app = build_app(settings)
-        relay = next(c for c in app[SERVICES_KEY].components if isinstance(c, RelayService))
+        relay = app[SERVICES_KEY].components.relay
     else:
         app = _mediarelay_app()
     app.router.add_get("/bench/stats", stats)

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import signal
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from sfu_sidecar import __version__, logs
+from sfu_sidecar.captions import routes as caption_routes
+from sfu_sidecar.captions.service import CaptionService
+from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.cors import CorsPolicy
 from sfu_sidecar.exceptions import NotFound
@@ -24,8 +25,12 @@ from sfu_sidecar.httpapi import (
     install_cors,
     json_ok,
 )
-from sfu_sidecar.lifecycle import Component
+from sfu_sidecar.lifecycle import Component, stop_on_signals
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.probe.service import ProbeService
+from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.relay.whip import WhipRoutes
+from sfu_sidecar.sync.channel import SyncService
 
 log = logs.get("app")
 
@@ -33,14 +38,46 @@ WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 SHUTDOWN_BUDGET_S = 5.0
 
 
+@dataclass(frozen=True)
+class Components:
+    """What the application is made of, by name, and the one metrics registry they share.
+
+    A field left ``None`` is a component this application runs without (tests and single-
+    purpose servers assemble only what they need). ``extra`` components, for embedders and
+    tests, start after the named ones and register their own routes on the built app.
+    """
+
+    metrics: Metrics
+    clock: ClockService | None = None
+    captions: CaptionService | None = None
+    relay: RelayService | None = None
+    sync: SyncService | None = None
+    probe: ProbeService | None = None
+    extra: tuple[Component, ...] = ()
+
+    def in_start_order(self) -> list[Component]:
+        """Named components first, in dependency order, then the extra ones."""
+        named: list[Component | None] = [
+            self.clock, self.captions, self.relay, self.sync, self.probe
+        ]
+        return [c for c in named if c is not None] + list(self.extra)
+
+    def now_ns(self) -> Callable[[], int]:
+        """The house-time reader: the clock component's, or the host clock without one."""
+        return self.clock.now_ns if self.clock is not None else time.time_ns
+
+
 @dataclass
 class Services:
-    """What the application is made of; handed to routes through ``app[SERVICES_KEY]``."""
+    """What routes see of the application, through ``app[SERVICES_KEY]``."""
 
     settings: Settings
-    metrics: Metrics
+    components: Components
     started_monotonic: float
-    components: list[Component] = field(default_factory=list)
+
+    @property
+    def metrics(self) -> Metrics:
+        return self.components.metrics
 
     def uptime_s(self) -> float:
         return time.monotonic() - self.started_monotonic
@@ -51,21 +88,11 @@ SERVICES_KEY = web.AppKey("services", Services)
 
 def house_clock(app: web.Application) -> Callable[[], int]:
     """The application's house-time reader (the clock component's, or the host clock)."""
-    for component in app[SERVICES_KEY].components:
-        now_ns = getattr(component, "now_ns", None)
-        if component.name == "clock" and callable(now_ns):
-            return now_ns  # type: ignore[no-any-return]
-    return time.time_ns
+    return app[SERVICES_KEY].components.now_ns()
 
 
-def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
-    """Every component in start order. Later components may depend on earlier ones."""
-    from sfu_sidecar.captions.service import CaptionService
-    from sfu_sidecar.clock.service import ClockService
-    from sfu_sidecar.probe.service import ProbeService
-    from sfu_sidecar.relay import RelayService
-    from sfu_sidecar.sync.channel import SyncService
-
+def build_components(settings: Settings, metrics: Metrics) -> Components:
+    """Every component of the full service, wired to the ones it depends on."""
     clock = ClockService(settings, metrics)
     now_ns = clock.now_ns  # house time: every timestamp stored or sent comes from here
     captions = CaptionService(settings, metrics, now_ns)
@@ -74,7 +101,22 @@ def build_components(settings: Settings, metrics: Metrics) -> list[Component]:
     # After sync: the relay calls observers in order, so the probe sees each packet's capture
     # time once sync has mapped it.
     probe = ProbeService(settings, relay, metrics, now_ns=now_ns, sync=sync, clock=clock)
-    return [clock, captions, relay, sync, probe]
+    return Components(metrics, clock=clock, captions=captions, relay=relay, sync=sync,
+                      probe=probe)
+
+
+def add_component_routes(app: web.Application, components: Components) -> None:
+    """Each named component's HTTP routes, in start order (the first match wins)."""
+    if components.clock is not None:
+        components.clock.add_routes(app)
+    if components.captions is not None:
+        caption_routes.add_routes(app, components.captions)
+    if components.relay is not None:
+        WhipRoutes(components.relay).add(app)
+    if components.sync is not None:
+        components.sync.add_routes(app)
+    if components.probe is not None:
+        components.probe.add_routes(app)
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -121,11 +163,14 @@ def _static(folder: str) -> Callable[[web.Request], Awaitable[web.FileResponse]]
     return serve
 
 
-def build_app(settings: Settings, components: list[Component] | None = None) -> web.Application:
-    """Assemble routes, middleware and component lifetimes. Nothing starts until the app runs."""
-    metrics = Metrics()
+def build_app(settings: Settings, components: Components | None = None) -> web.Application:
+    """Assemble routes, middleware and component lifetimes. Nothing starts until the app runs.
+
+    Without ``components``, the full service with a new metrics registry.
+    """
     if components is None:
-        components = build_components(settings, metrics)
+        components = build_components(settings, Metrics())
+    metrics = components.metrics
     app = web.Application(
         middlewares=[edge_middleware, cors_middleware], client_max_size=settings.max_body_bytes,
         # Bodies are read as sent: no client of this API compresses SDP or cues, and aiohttp's
@@ -133,7 +178,7 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
         handler_args={"auto_decompress": False},
     )
     install_cors(app, CorsPolicy(settings.cors_origins))
-    services = Services(settings, metrics, time.monotonic(), components)
+    services = Services(settings, components, time.monotonic())
     app[SERVICES_KEY] = services
     app[METRICS_KEY] = metrics
     app.router.add_get("/healthz", _healthz)
@@ -143,16 +188,16 @@ def build_app(settings: Settings, components: list[Component] | None = None) -> 
     for folder in ("js", "vendor"):
         if (WEB_DIR / folder).is_dir():
             app.router.add_get(f"/{folder}/{{name:.+}}", _static(folder))
-    for component in components:
-        component.add_routes(app)
+    add_component_routes(app, components)
+    in_order = components.in_start_order()
 
     async def start_components(app: web.Application) -> None:
-        for component in services.components:
+        for component in in_order:
             log.debug("starting %s", component.name)
             await component.start()
 
     async def stop_components(app: web.Application) -> None:
-        for component in reversed(services.components):
+        for component in reversed(in_order):
             try:
                 await asyncio.wait_for(component.stop(), timeout=SHUTDOWN_BUDGET_S / 2)
             except Exception:
@@ -170,16 +215,6 @@ def install_event_loop_policy() -> str:
         return "asyncio"
     asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     return "uvloop"
-
-
-def stop_on_signals() -> asyncio.Event:
-    """An event set by SIGINT or SIGTERM (on the running loop)."""
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    return stop
 
 
 async def serve(

@@ -7,9 +7,10 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from sfu_sidecar import __version__
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.exceptions import Conflict
+from sfu_sidecar.metrics import Metrics
 
 
 class Recorder:
@@ -42,7 +43,10 @@ Client = TestClient[web.Request, web.Application]
 @pytest.fixture
 async def client_and_journal() -> AsyncIterator[tuple[Client, list[str]]]:
     journal: list[str] = []
-    app = build_app(load_settings(), [Recorder("a", journal), Recorder("b", journal)])
+    recorders = (Recorder("a", journal), Recorder("b", journal))
+    app = build_app(load_settings(), Components(Metrics(), extra=recorders))
+    for recorder in recorders:
+        recorder.add_routes(app)
     async with TestClient(TestServer(app)) as client:
         yield client, journal
     assert journal == ["start a", "start b", "stop b", "stop a"]

@@ -12,8 +12,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from aiortc import RTCPeerConnection
 
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
+from sfu_sidecar.metrics import Metrics
 from tests.relay.peers import LOOPBACK, PatternVideo, ToneAudio, client_pc
 
 Client = TestClient[web.Request, web.Application]
@@ -369,7 +370,9 @@ class VaryingRoute:
 
 async def test_vary_joins_a_header_the_route_set(tmp_path: Path) -> None:
     settings = load_settings({"data_dir": str(tmp_path), "cors_origins": APP})
-    async with TestClient(TestServer(build_app(settings, [VaryingRoute()]))) as client:
+    app = build_app(settings, Components(Metrics()))
+    VaryingRoute().add_routes(app)
+    async with TestClient(TestServer(app)) as client:
         resp = await client.post("/test/negotiated", headers={"Origin": APP})
         assert resp.status == 200
         assert resp.headers[ACAO] == APP

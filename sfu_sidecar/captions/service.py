@@ -24,8 +24,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from aiohttp import web
-
 from sfu_sidecar import logs
 from sfu_sidecar.captions import chunks
 from sfu_sidecar.captions.events import (
@@ -48,6 +46,7 @@ from sfu_sidecar.captions.store import CueStore, SqliteCueStore, WriteBatch
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound, Unprocessable
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.tasks import Tasks
 
 log = logs.get("captions")
 
@@ -117,15 +116,10 @@ class CaptionService:
         self._live_cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
         self._frozen: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
         self._freezing: dict[tuple[str, str, int], asyncio.Future[bytes]] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
-        self._retention_task: asyncio.Task[None] | None = None
+        self._loops = Tasks("captions", log)  # cancelled on stop
+        self._writes = Tasks("captions", log)  # awaited on stop: each holds a durable write
 
     # --- lifecycle -------------------------------------------------------------------------
-
-    def add_routes(self, app: web.Application) -> None:
-        from sfu_sidecar.captions.routes import add_routes
-
-        add_routes(app, self)
 
     async def start(self) -> None:
         snapshot = await self.store.open()
@@ -137,16 +131,11 @@ class CaptionService:
         log.info(
             "caption store open: %d streams, %d cues", len(self._epochs), len(snapshot.cues)
         )
-        self._retention_task = asyncio.create_task(self._retention_loop())
+        self._loops.start("retention", self._retention_loop())
 
     async def stop(self) -> None:
-        if self._retention_task is not None:
-            self._retention_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._retention_task
-        for task in list(self._tasks):
-            with contextlib.suppress(Exception):
-                await task
+        await self._loops.stop()
+        await self._writes.drain()
         await self.store.close()
 
     def _count_commit(self, batches: int, _seconds: float) -> None:
@@ -189,13 +178,8 @@ class CaptionService:
     # --- writes ----------------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        try:
-            task = asyncio.get_running_loop().create_task(coro)
-        except RuntimeError:  # no running loop: the next write carries the epoch instead
-            coro.close()
-            return
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        with contextlib.suppress(RuntimeError):  # no running loop: the next write carries it
+            self._writes.start("write", coro)
 
     async def _write(self, batch: WriteBatch) -> None:
         # Every write carries the epochs not yet on disk: a cue is never durable without the

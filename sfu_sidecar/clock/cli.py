@@ -6,10 +6,10 @@ import asyncio
 import contextlib
 import sys
 
-from sfu_sidecar.app import stop_on_signals
 from sfu_sidecar.clock.service import ClockService, status_line
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import ConfigError
+from sfu_sidecar.lifecycle import stop_on_signals
 from sfu_sidecar.metrics import Metrics
 
 

@@ -41,6 +41,7 @@ from sfu_sidecar.clock.ptp import (
 from sfu_sidecar.config import HostPort, Settings
 from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.tasks import Tasks
 
 log = logs.get("clock")
 
@@ -96,7 +97,7 @@ class ClockService:
         self._ntp_used: HostPort | None = None
         self._ntp_polls = 0  # polls since the last burst began
         self._ntp_wake = asyncio.Event()
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks("clock", log)
         self._ws: set[web.WebSocketResponse] = set()
         self.reports: dict[str, dict[str, int]] = {}
         self._g_offset = metrics.gauge("clock_offset_ns", "House time minus host CLOCK_REALTIME")
@@ -174,18 +175,13 @@ class ClockService:
                 continue
             self._ntp_transports[server] = transport
         if self._ntp_transports:
-            self._tasks.append(asyncio.create_task(self._ntp_loop(), name="clock-ntp"))
-        self._tasks.append(asyncio.create_task(self._tick_loop(), name="clock-tick"))
+            self._tasks.start("ntp", self._ntp_loop())
+        self._tasks.start("tick", self._tick_loop())
         log.info("house clock started: sources %s", ", ".join(self.fused.sources) or "none",
                  extra={"state": self.fused.state, "source": self.fused.source})
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self._tasks.stop()
         for ws in list(self._ws):
             await ws.close()
         if self._ptp_socks is not None:
@@ -214,8 +210,7 @@ class ClockService:
                 self._changes(self.fused.sample(PTP, ev.local_ns, local.monotonic_ns(),
                                                 ev.master_minus_local_ns, 0))
             elif isinstance(ev, SendDelayReq):
-                task = asyncio.create_task(self._send_delay_req(ev))
-                task.add_done_callback(self._tasks_done)
+                self._tasks.start("delay-req", self._send_delay_req(ev))
             elif isinstance(ev, MasterSelected):
                 if ev.announce is None:
                     log.warning("PTP master lost (announce timeout)")
@@ -225,17 +220,17 @@ class ClockService:
                     log.info("PTP master %s selected", ev.announce.header.source,
                              extra={"grandmaster": format_identity(ev.announce.grandmaster)})
 
-    def _tasks_done(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("Delay_Req failed: %s", task.exception())
-
     async def _send_delay_req(self, ev: SendDelayReq) -> None:
         if ev.delay_ns > 0:
             await asyncio.sleep(ev.delay_ns / 1e9)
         socks = self._ptp_socks
         if socks is None or self.slave is None:
             return
-        tx = await socks.send_event(ev.data)
+        try:
+            tx = await socks.send_event(ev.data)
+        except OSError as exc:  # the network, not a fault here: the next exchange retries
+            log.warning("Delay_Req failed: %s", exc)
+            return
         if tx is not None:
             self.slave.delay_req_sent(ev.sequence_id, tx)
 

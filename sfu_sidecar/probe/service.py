@@ -15,7 +15,6 @@ Routes: ``GET /api/streams/{stream}/sync``, ``GET /api/alerts``, ``GET /api/gpu`
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
@@ -44,6 +43,7 @@ from sfu_sidecar.probe.viewers import ViewerStats, viewer_summary
 from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver
 from sfu_sidecar.relay.whip import STREAM_PATTERN
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
+from sfu_sidecar.tasks import Tasks
 
 if TYPE_CHECKING:
     from aiortc.rtcdatachannel import RTCDataChannel
@@ -168,7 +168,7 @@ class ProbeService(RelayObserver):
         # Seconds between automatic ticks; None leaves ticking to the owner (tests, benchmarks).
         self.tick_s: float | None = TICK_S
         self._events: list[AlertEvent] = []
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks("probe", log)
 
     # --- component ------------------------------------------------------------------------
 
@@ -184,17 +184,11 @@ class ProbeService(RelayObserver):
     async def start(self) -> None:
         self.relay.add_observer(self)
         if self.tick_s is not None:
-            self._tasks.append(asyncio.create_task(self._tick_loop(self.tick_s),
-                                                   name="probe-tick"))
-        self._tasks.append(asyncio.create_task(self._gpu_loop(), name="probe-gpu"))
+            self._tasks.start("tick", self._tick_loop(self.tick_s))
+        self._tasks.start("gpu", self._gpu_loop())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self._tasks.stop()
         await self.hub.close()
         self.nvml.close()
 

@@ -9,13 +9,14 @@ Modules, pure cores first:
 * ``sdp``     offer checks, negotiated-media summaries, trickle fragments
 * ``hooks``   what other features observe and replace (packets, sender reports, channels)
 * ``aiortc_adapter`` the only module touching aiortc/aioice internals (checked at start-up)
-* ``session`` aiortc glue for one publisher or viewer; ``rooms`` streams; ``whip`` HTTP
+* ``session`` aiortc glue for one publisher or viewer; ``rooms`` streams
 * ``service`` :class:`RelayService`, the application component
+* ``whip``    its HTTP routes, registered by the application
 
 Wiring (``app.build_components``)::
 
-    relay = RelayService(settings, metrics, now_ns=house_clock.now_ns)
-    components.append(relay)
+    relay = RelayService(settings, metrics, now_ns=clock.now_ns)
+    Components(metrics, clock=clock, relay=relay, ...)
     relay.add_observer(sync_feature)        # a hooks.RelayObserver
 """
 

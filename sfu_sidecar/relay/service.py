@@ -1,4 +1,4 @@
-"""The relay as an application component: routes, sessions, metrics, lifetime."""
+"""The relay as an application component: sessions, metrics, lifetime."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
-from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -17,7 +16,6 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.rooms import Rooms
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
-from sfu_sidecar.relay.whip import WhipRoutes
 
 log = logs.get("relay")
 
@@ -58,15 +56,11 @@ class RelayService:
         self.header_extensions = tuple(header_extensions)
         self.observers: list[RelayObserver] = list(observers)
         self.rooms = Rooms()
-        self._routes = WhipRoutes(self)
         self._accepted = {"publishers": 0, "viewers": 0}
         metrics.registry.register(_RelayCollector(self))
 
     def add_observer(self, observer: RelayObserver) -> None:
         self.observers.append(observer)
-
-    def add_routes(self, app: web.Application) -> None:
-        self._routes.add(app)
 
     async def start(self) -> None:
         await adapter.check()

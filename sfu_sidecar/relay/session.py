@@ -39,6 +39,7 @@ from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutp
 from sfu_sidecar.relay.hooks import ABS_SEND_TIME, PacketInfo, RelayObserver, SenderReport
 from sfu_sidecar.relay.packet import RtpPacket, RtpParseError, unwrap_rtx
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
+from sfu_sidecar.tasks import Tasks
 
 if TYPE_CHECKING:
     from sfu_sidecar.relay.rooms import Stream
@@ -51,14 +52,12 @@ RTCP_INTERVAL_NS = 1_000_000_000  # RR/SR about once a second (RFC 3550 §6.2 mi
 LATENCY_SAMPLES = 8192
 
 
-_background: set[asyncio.Task[None]] = set()
+_closing = Tasks("session", log)  # closes started from aiortc callbacks, which cannot await
 
 
 def _later(coro: Coroutine[Any, Any, None]) -> None:
     # Closing from inside an aiortc callback must not await there; keep the task referenced.
-    task = asyncio.ensure_future(coro)
-    _background.add(task)
-    task.add_done_callback(_background.discard)
+    _closing.start("close", coro)
 
 
 def rtc_configuration() -> RTCConfiguration:
@@ -193,7 +192,7 @@ class PublisherSession(_PeerSession):
         self._send_rtcp: Callable[[bytes], None] | None = None
         self._rtcp_ssrc = 0
         self._last_packet_mono = time.monotonic()
-        self._tick_task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"publisher-{self.id[:8]}", log)
         self._remb: Any = None
         # Only observers that override publisher_packet cost anything per packet.
         self._packet_observers = [
@@ -251,7 +250,7 @@ class PublisherSession(_PeerSession):
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
-        self._tick_task = asyncio.create_task(self._tick(), name=f"publisher-{self.id[:8]}")
+        self._tasks.start("tick", self._tick())
         log.info("publisher %s on %s: %s (%d mDNS candidates dropped)", self.id[:8],
                  self.stream.name, ", ".join(f"{t.kind} {t.codec.name}" for t in self.tracks),
                  dropped)
@@ -430,8 +429,7 @@ class PublisherSession(_PeerSession):
             return
         self.closed.set()
         self.state = "closed"
-        if self._tick_task is not None and self._tick_task is not asyncio.current_task():
-            self._tick_task.cancel()
+        await self._tasks.stop()
         self.stream.publisher_closed(self)
         await adapter.close_peer(self.pc)
 
@@ -493,7 +491,7 @@ class ViewerSession(_PeerSession):
         self.cname = "sfu-sidecar"
         self._send_rtp: Callable[[bytes], None] | None = None
         self._send_rtcp: Callable[[bytes], None] | None = None
-        self._rtcp_task: asyncio.Task[None] | None = None
+        self._tasks = Tasks(f"viewer-{self.id[:8]}", log)
         self._connected_once = False
 
     def _pick_codec(self, m: sdpmod.MediaInfo) -> sdpmod.CodecInfo:
@@ -576,7 +574,7 @@ class ViewerSession(_PeerSession):
             for output in self.tracks.values():
                 output.transmit = self._send_rtp
             self.stream.viewer_connected(self)
-            self._rtcp_task = asyncio.create_task(self._rtcp_loop(), name=f"viewer-{self.id[:8]}")
+            self._tasks.start("rtcp", self._rtcp_loop())
             self._notify("viewer_connected", self)
         elif state in ("failed", "closed"):
             _later(self.close())
@@ -655,8 +653,7 @@ class ViewerSession(_PeerSession):
         self.state = "closed"
         for output in self.tracks.values():
             output.transmit = None
-        if self._rtcp_task is not None:
-            self._rtcp_task.cancel()
+        await self._tasks.stop()
         self.stream.viewer_closed(self)
         self._notify("viewer_closed", self)
         await adapter.close_peer(self.pc)

@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
 from urllib.parse import quote
 
 from aiohttp import web
@@ -16,10 +15,8 @@ from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.offer_check import validate_offer
+from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
-
-if TYPE_CHECKING:
-    from sfu_sidecar.relay.service import RelayService
 
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"

@@ -14,7 +14,6 @@ The pure cores never see a clock: ``now_ns`` (house time) is read here and passe
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -41,6 +40,7 @@ from sfu_sidecar.sync.wire import (
     control_from_map,
     parse_message,
 )
+from sfu_sidecar.tasks import Tasks
 
 if TYPE_CHECKING:
     from aiortc.rtcdatachannel import RTCDataChannel
@@ -106,7 +106,7 @@ class SyncService(RelayObserver):
         self.viewers: dict[str, _Viewer] = {}
         # Channels that opened before their viewer's transport counted as connected.
         self._pending_channels: dict[str, RTCDataChannel] = {}
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Tasks("sync", log)
         self._messages = metrics.counter("sync_messages", "Messages sent on sync channels")
         self._bytes = metrics.counter("sync_bytes", "Bytes sent on sync channels")
         self._bad = metrics.counter(
@@ -128,17 +128,12 @@ class SyncService(RelayObserver):
 
     async def start(self) -> None:
         self.relay.add_observer(self)
-        self._tasks.append(asyncio.create_task(self._poll_loop(), name="sync-poll"))
+        self._tasks.start("poll", self._poll_loop())
         if self.captions is not None:
-            self._tasks.append(asyncio.create_task(self._caption_loop(), name="sync-captions"))
+            self._tasks.start("captions", self._caption_loop())
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._tasks.clear()
+        await self._tasks.stop()
 
     # --- relay hooks ------------------------------------------------------------------------
 

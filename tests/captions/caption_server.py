@@ -10,10 +10,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from sfu_sidecar.app import SERVICES_KEY, build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.config import Settings
-from sfu_sidecar.httpapi import METRICS_KEY
+from sfu_sidecar.metrics import Metrics
 
 
 def main() -> None:
@@ -23,11 +23,8 @@ def main() -> None:
     parser.add_argument("--token", default=None)
     args = parser.parse_args()
     settings = Settings(data_dir=args.data_dir, publish_token=args.token, port=args.port)
-    app = build_app(settings, components=[])
-    # Wired as app.build_components will wire it: sharing the app's metrics registry.
-    service = CaptionService(settings, app[METRICS_KEY])
-    service.add_routes(app)
-    app[SERVICES_KEY].components.append(service)
+    metrics = Metrics()
+    app = build_app(settings, Components(metrics, captions=CaptionService(settings, metrics)))
     web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from aiohttp.test_utils import TestClient, TestServer
 
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.metrics import Metrics
@@ -49,8 +49,9 @@ class Env:
 
 async def start_env(data_dir: Path, clock: Clock, **overrides: Any) -> Env:
     settings = Settings(data_dir=data_dir, publish_token=TOKEN, **overrides)
-    service = CaptionService(settings, Metrics(), clock)
-    app = build_app(settings, components=[service])
+    metrics = Metrics()
+    service = CaptionService(settings, metrics, clock)
+    app = build_app(settings, Components(metrics, captions=service))
     client: TestClient[Any, Any] = TestClient(TestServer(app))
     await client.start_server()
     return Env(client, service, clock, settings)

@@ -17,7 +17,7 @@ import msgpack
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.clock import local
 from sfu_sidecar.clock.service import ClockService, status_line
 from sfu_sidecar.config import load_settings
@@ -31,7 +31,8 @@ def run(body: Body) -> None:
         settings = load_settings({})
         metrics = Metrics()
         clock = ClockService(settings, metrics)
-        async with TestClient(TestServer(build_app(settings, components=[clock]))) as client:
+        app = build_app(settings, Components(metrics, clock=clock))
+        async with TestClient(TestServer(app)) as client:
             await body(client, clock, metrics)
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiohttp import web
 
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay import RelayService
@@ -90,8 +90,9 @@ async (base) => {
 def _serve(port: int, ready: threading.Event, stop: list[Any], out: dict[str, Any]) -> None:
     async def main() -> None:
         settings = load_settings({"ice_addresses": "127.0.0.1"})
-        service = RelayService(settings, Metrics())
-        app = build_app(settings, components=[service])
+        metrics = Metrics()
+        service = RelayService(settings, metrics)
+        app = build_app(settings, Components(metrics, relay=service))
         runner = web.AppRunner(app)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", port).start()

@@ -16,7 +16,7 @@ import sys
 from aiohttp import web
 
 from sfu_sidecar import logs
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import flags_for_argparse, settings_from_namespace
 from sfu_sidecar.metrics import Metrics
@@ -33,12 +33,13 @@ async def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     settings = settings_from_namespace(args, {}, None)
     logs.configure("info", "text")
-    clock = ClockService(settings, Metrics(), holdover_s=args.holdover_s,
+    metrics = Metrics()
+    clock = ClockService(settings, metrics, holdover_s=args.holdover_s,
                          ntp_poll_s=args.ntp_poll_s)
     # The relay takes its time and RFC 7273 lines from the clock, as in the full application.
-    relay = RelayService(settings, Metrics(), now_ns=clock.now_ns,
+    relay = RelayService(settings, metrics, now_ns=clock.now_ns,
                          media_clock=clock.sdp_attributes)
-    app = build_app(settings, components=[clock, relay])
+    app = build_app(settings, Components(metrics, clock=clock, relay=relay))
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
     site = web.UnixSite(runner, args.unix)

@@ -192,15 +192,16 @@ class ThreadedApp:
     async def _serve(self) -> None:
         from aiohttp import web
 
-        from sfu_sidecar.app import build_app
+        from sfu_sidecar.app import Components, build_app
         from sfu_sidecar.clock.service import ClockService
         from sfu_sidecar.config import load_settings
         from sfu_sidecar.metrics import Metrics
 
         flags = dict(zip(self.args[::2], self.args[1::2], strict=True))
         settings = load_settings({k.lstrip("-").replace("-", "_"): v for k, v in flags.items()})
-        clock = ClockService(settings, Metrics(), ntp_poll_s=self.ntp_poll_s)
-        app = build_app(settings, components=[clock])
+        metrics = Metrics()
+        clock = ClockService(settings, metrics, ntp_poll_s=self.ntp_poll_s)
+        app = build_app(settings, Components(metrics, clock=clock))
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.port).start()

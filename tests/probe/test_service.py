@@ -57,8 +57,8 @@ async def start_app(tmp_path: Path, *, ticking: bool) -> AsyncIterator[App]:
     settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path),
                               "publish_token": TOKEN})
     application = build_app(settings)
-    probe = next(c for c in application[SERVICES_KEY].components
-                 if isinstance(c, ProbeService))
+    probe = application[SERVICES_KEY].components.probe
+    assert probe is not None
     if not ticking:
         probe.tick_s = None  # the test calls tick() with the times it chooses
     server = TestServer(application, host="127.0.0.1")

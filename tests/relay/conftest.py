@@ -9,7 +9,7 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from sfu_sidecar.app import build_app
+from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay import RelayService
@@ -29,8 +29,9 @@ async def relay_factory() -> AsyncIterator[Callable[..., object]]:
 
     async def start(**flags: str) -> Relay:
         settings = load_settings({"ice_addresses": "127.0.0.1", **flags})
-        service = RelayService(settings, Metrics())
-        app = build_app(settings, components=[service])
+        metrics = Metrics()
+        service = RelayService(settings, metrics)
+        app = build_app(settings, Components(metrics, relay=service))
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         servers.append(server)

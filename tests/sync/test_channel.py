@@ -41,7 +41,8 @@ TOLERANCE_NS = 1_000_000
 async def relay_base(tmp_path: Path) -> AsyncIterator[tuple[str, SyncService]]:
     settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path)})
     app = build_app(settings)
-    sync = next(c for c in app[SERVICES_KEY].components if isinstance(c, SyncService))
+    sync = app[SERVICES_KEY].components.sync
+    assert sync is not None
     server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     try:
