@@ -8,11 +8,9 @@ or a renderer's free-form name. Units are base units (seconds, bytes, ratios).
 
 from __future__ import annotations
 
-import bisect
 import contextlib
-import math
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Iterator, Mapping
+from typing import Protocol
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -23,10 +21,11 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 
 from sfu_sidecar.metrics import NAMESPACE, Metrics
-from sfu_sidecar.probe.stats import Cause
-
-if TYPE_CHECKING:
-    from sfu_sidecar.probe.service import ProbeService
+from sfu_sidecar.probe.alerts import Alerts
+from sfu_sidecar.probe.gpu import GpuSample, Renderers
+from sfu_sidecar.probe.stats import BucketCounts, Cause
+from sfu_sidecar.probe.streams import StreamProbe
+from sfu_sidecar.relay.service import RelayService
 
 STREAM_LABELS = 32
 # No stream can be called this: stream names have no spaces or parentheses.
@@ -34,7 +33,6 @@ OVERFLOW = "(other)"
 SERVICE_WIDE = ""  # the stream label of alerts about the clock or a GPU
 
 # Buckets around the thresholds the alerts and grades use (seconds).
-FRAME_DEVIATION_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.112, 0.2, 0.5, 1.0)
 AV_SKEW_BUCKETS = (-0.25, -0.125, -0.045, -0.015, 0.0, 0.015, 0.045, 0.125, 0.25)
 CAPTION_ERROR_BUCKETS = (-0.1, -0.05, -0.033, -0.017, 0.0, 0.017, 0.033, 0.05, 0.1, 0.25, 0.5)
 
@@ -67,35 +65,6 @@ class StreamLabels:
         return label
 
 
-class BucketCounts:
-    """A histogram kept as plain numbers on the packet path and exported when scraped
-    (prometheus_client's observe() takes a lock and costs several times more per frame)."""
-
-    __slots__ = ("bounds", "counts", "total")
-
-    def __init__(self, bounds: tuple[float, ...] = FRAME_DEVIATION_BUCKETS) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
-        self.total = 0.0
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
-        self.total += value
-
-    def add(self, other: BucketCounts) -> None:
-        for i, n in enumerate(other.counts):
-            self.counts[i] += n
-        self.total += other.total
-
-    def buckets(self) -> list[tuple[str, float]]:
-        """Cumulative (le, count) pairs as Prometheus writes them."""
-        out, running = [], 0
-        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
-            running += n
-            out.append(("+Inf" if bound == math.inf else repr(float(bound)), float(running)))
-        return out
-
-
 class ProbeHistograms:
     """Histograms observed as viewers' reports arrive."""
 
@@ -116,10 +85,29 @@ class ProbeHistograms:
                 hist.remove(label)
 
 
+class ProbeState(Protocol):
+    """What the collector reads of the probe (``ProbeService`` is one)."""
+
+    @property
+    def relay(self) -> RelayService: ...
+    @property
+    def streams(self) -> Mapping[str, StreamProbe]: ...
+    @property
+    def labels(self) -> StreamLabels: ...
+    @property
+    def bad_inputs(self) -> Mapping[str, int]: ...
+    @property
+    def alerts(self) -> Alerts: ...
+    @property
+    def gpu_sample(self) -> GpuSample: ...
+    @property
+    def renderers(self) -> Renderers: ...
+
+
 class ProbeCollector(Collector):
     """Everything else, computed from the probe's and relay's state when scraped."""
 
-    def __init__(self, probe: ProbeService) -> None:
+    def __init__(self, probe: ProbeState) -> None:
         self.probe = probe
 
     def collect(self) -> Iterator[Metric]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,14 +30,10 @@ from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe import gpu
 from sfu_sidecar.probe.alerts import DISCONTINUITY_HOLD_NS, AlertEvent, Alerts, Rule
 from sfu_sidecar.probe.dashboard import DashboardHub
-from sfu_sidecar.probe.exposition import (
-    BucketCounts,
-    ProbeCollector,
-    ProbeHistograms,
-    StreamLabels,
-)
+from sfu_sidecar.probe.exposition import ProbeCollector, ProbeHistograms, StreamLabels
 from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Renderers
-from sfu_sidecar.probe.stats import TrackStats, capture_skew_ms
+from sfu_sidecar.probe.stats import BucketCounts, TrackStats, capture_skew_ms
+from sfu_sidecar.probe.streams import StreamProbe
 from sfu_sidecar.probe.viewers import ViewerStats, viewer_summary
 from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver
 from sfu_sidecar.relay.whip import STREAM_PATTERN
@@ -65,7 +60,6 @@ CHANNEL_LABEL = "sync"
 # fragmentation alerts this long.
 VIEWER_STALE_NS = 30_000_000_000
 RENDERER_STALE_NS = 60_000_000_000
-CAPTION_ERRORS_KEPT = 200
 CAPTION_ERROR_EDGES_MS = (-100.0, -50.0, -33.0, -17.0, 0.0, 17.0, 33.0, 50.0, 100.0, 250.0)
 VIEWER_LIST_MAX = 100
 # A playout report is a person's browser talking: values past these are garbage, not playout.
@@ -75,18 +69,6 @@ MAX_CAPTION_ERROR_MS = 3_600_000.0
 PUBLISHER_RULES = ("frame_jitter", "bursty_delivery")
 PUBLISHER_STALE_NS = 5_000_000_000
 DEFAULT_CLOCK_RATES = {"audio": 48000, "video": 90000}
-
-
-class StreamProbe:
-    """What the probe holds for one stream: its tracks, its viewers, recent caption errors."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.tracks: dict[str, TrackStats] = {}
-        self.viewers: dict[str, ViewerStats] = {}
-        self.caption_errors: deque[float] = deque(maxlen=CAPTION_ERRORS_KEPT)
-        self.resyncs = 0
-        self.deviation: dict[str, BucketCounts] = {}  # kind -> frame deviation histogram
 
 
 def histogram_counts(values: Iterable[float], edges: tuple[float, ...]) -> list[int]:

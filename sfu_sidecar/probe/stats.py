@@ -23,6 +23,7 @@ amortised.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from collections import deque
@@ -508,3 +509,36 @@ def capture_skew_ms(audio: ClockModel | None, video: ClockModel | None,
 
 def round_or_none(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
+
+
+# Buckets around the thresholds the alerts and grades use (seconds).
+FRAME_DEVIATION_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.05, 0.08, 0.112, 0.2, 0.5, 1.0)
+
+
+class BucketCounts:
+    """A histogram kept as plain numbers on the packet path and exported when scraped
+    (prometheus_client's observe() takes a lock and costs several times more per frame)."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...] = FRAME_DEVIATION_BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)  # the last one: above every bound (+Inf)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def add(self, other: BucketCounts) -> None:
+        for i, n in enumerate(other.counts):
+            self.counts[i] += n
+        self.total += other.total
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative (le, count) pairs as Prometheus writes them."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, math.inf), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == math.inf else repr(float(bound)), float(running)))
+        return out

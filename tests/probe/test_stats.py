@@ -13,6 +13,7 @@ import pytest
 from sfu_sidecar.probe.stats import (
     FIT_BUCKET_NS,
     KURTOSIS_WINDOW,
+    BucketCounts,
     Cause,
     ClockFit,
     InterarrivalJitter,
@@ -266,3 +267,17 @@ def test_interarrival_jitter_ignores_steps_past_the_discontinuity_limit() -> Non
     assert j.jitter == 0.0
     j.add(7200, 80 * MS + 900 * MS + 10 * MS)
     assert j.jitter == pytest.approx(900 / 16)
+
+
+def test_bucket_counts_put_a_value_on_a_bound_in_that_bound_and_export_cumulatively() -> None:
+    counts = BucketCounts((0.01, 0.1))
+    for value in (0.005, 0.01, 0.05, 0.5):
+        counts.observe(value)
+    assert counts.counts == [2, 1, 1]  # le 0.01, le 0.1, +Inf
+    assert counts.buckets() == [("0.01", 2.0), ("0.1", 3.0), ("+Inf", 4.0)]
+    assert counts.total == pytest.approx(0.565)
+    other = BucketCounts((0.01, 0.1))
+    other.observe(0.02)
+    counts.add(other)
+    assert counts.buckets() == [("0.01", 2.0), ("0.1", 4.0), ("+Inf", 5.0)]
+    assert counts.total == pytest.approx(0.585)
