@@ -99,7 +99,7 @@ class Pipeline:
         relay = RelayService(settings, metrics)
         self.sync = SyncService(relay, metrics, now_ns=time.time_ns)
         self.probe = ProbeService(settings, relay, metrics, now_ns=time.time_ns, sync=self.sync)
-        relay.rooms.get_or_create("bench")
+        relay.streams.get_or_create("bench")
         self.observers: list[Any] = [self.sync] + ([self.probe] if with_probe else [])
         self.forwarders: dict[int, Any] = {}
         for pt, kind, codec, rate in ((96, "video", "vp8", 90000), (111, "audio", "opus", 48000)):
@@ -285,7 +285,7 @@ async def dashboard_push(ticks: int, tick_s: float) -> list[dict[str, Any]]:
     t0 = time.time_ns() - 40 * S
     for s in range(4):
         name = f"stream{s}"
-        probe.relay.rooms.get_or_create(name)
+        probe.relay.streams.get_or_create(name)
         for i in range(40 * VIDEO_FPS):
             probe.publisher_packet(name, "pub", PacketInfo(
                 "video", 7, i, i * 3000, True, False, t0 + i * S // VIDEO_FPS + (i % 5) * MS,

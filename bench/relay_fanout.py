@@ -240,7 +240,7 @@ def run_server(mode: str, port: int) -> None:
             if samples:
                 q = statistics.quantiles(samples, n=100)
                 body["p50_us"], body["p99_us"] = q[49] / 1e3, q[98] / 1e3
-            for stream in relay.rooms.streams.values():
+            for stream in relay.streams.by_name.values():
                 if stream.publisher is not None:
                     stream.publisher.counters.latency_ns.clear()
         cpu_mark[:] = [now_cpu, now_wall]

@@ -28,8 +28,8 @@ from sfu_sidecar.httpapi import (
 from sfu_sidecar.lifecycle import Component, stop_on_signals
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe.service import ProbeService
+from sfu_sidecar.relay.routes import RelayRoutes
 from sfu_sidecar.relay.service import RelayService
-from sfu_sidecar.relay.whip import WhipRoutes
 from sfu_sidecar.sync.channel import SyncService
 
 log = logs.get("app")
@@ -112,7 +112,7 @@ def add_component_routes(app: web.Application, components: Components) -> None:
     if components.captions is not None:
         caption_routes.add_routes(app, components.captions)
     if components.relay is not None:
-        WhipRoutes(components.relay).add(app)
+        RelayRoutes(components.relay).add(app)
     if components.sync is not None:
         components.sync.add_routes(app)
     if components.probe is not None:

@@ -132,10 +132,10 @@ class ProbeCollector(Collector):
         plis_in = counter("stream_keyframe_requests_received",
                           "PLI/FIR received from viewers", ["stream", "kind"])
         relay: dict[tuple[str, str], list[int]] = {}
-        for stream in list(p.relay.rooms.streams.values()):
+        for stream in list(p.relay.streams.by_name.values()):
             nacked = {t.kind: t.nack.nacked for t in stream.publisher.tracks
                       if t.nack is not None} if stream.publisher is not None else {}
-            for kind, fw in stream.tracks.items():
+            for kind, fw in stream.forwarders.items():
                 row = relay.setdefault((label(stream.name), kind), [0, 0, 0, 0, 0])
                 row[0] += fw.octets_in
                 row[1] += sum(o.octets_sent for o in fw.outputs)
@@ -176,7 +176,7 @@ class ProbeCollector(Collector):
             resync_totals[lbl] = resync_totals.get(lbl, 0) + sp.resyncs
             for kind, counts in sp.deviation.items():
                 deviations.setdefault((lbl, kind), BucketCounts()).add(counts)
-            for kind, track in sp.tracks.items():
+            for kind, track in sp.track_stats.items():
                 for cause in Cause:
                     key3 = (lbl, kind, cause.value)
                     totals[key3] = totals.get(key3, 0) + track.discontinuities[cause]

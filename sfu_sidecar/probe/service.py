@@ -36,7 +36,7 @@ from sfu_sidecar.probe.stats import BucketCounts, TrackStats, capture_skew_ms
 from sfu_sidecar.probe.streams import StreamProbe
 from sfu_sidecar.probe.viewers import ViewerStats, viewer_summary
 from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver
-from sfu_sidecar.relay.whip import STREAM_PATTERN
+from sfu_sidecar.relay.routes import STREAM_PATTERN
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
 from sfu_sidecar.tasks import Tasks
 
@@ -190,9 +190,9 @@ class ProbeService(RelayObserver):
         sp = self.streams.get(stream)
         if sp is None:
             sp = self._stream(stream)
-        track = sp.tracks.get(packet.kind)
+        track = sp.track_stats.get(packet.kind)
         if track is None or track.clock_rate != packet.clock_rate:
-            track = sp.tracks[packet.kind] = TrackStats(packet.kind, packet.clock_rate)
+            track = sp.track_stats[packet.kind] = TrackStats(packet.kind, packet.clock_rate)
         if track.on_packet(publisher_id, packet.ssrc, packet.sequence_number, packet.timestamp,
                            packet.arrival_ns):
             self._frame(sp, track, packet)
@@ -239,7 +239,7 @@ class ProbeService(RelayObserver):
     def viewer_receiver_report(
         self, viewer: ViewerSession, kind: str, report: ReportBlock
     ) -> None:
-        forwarder = viewer.stream.tracks.get(kind)
+        forwarder = viewer.stream.forwarders.get(kind)
         rate = forwarder.clock_rate if forwarder is not None else DEFAULT_CLOCK_RATES.get(kind)
         if rate:
             self._viewer(viewer.stream.name, viewer.id).on_receiver_report(
@@ -313,14 +313,14 @@ class ProbeService(RelayObserver):
                      event.value, rule.unit, extra=extra)
 
     def _stream_alerts(self, name: str, sp: StreamProbe, now: int) -> None:
-        video = sp.tracks.get("video")
+        video = sp.track_stats.get("video")
         if video is not None and now - video.last_frame_ns < PUBLISHER_STALE_NS:
             self._update("frame_jitter", name, video.frame_jitter_rms_ms, now)
             self._update("bursty_delivery", name, video.kurtosis, now)
         else:  # no video coming: its figures describe the past, not a fault now
             for event in self.alerts.forget([name], now, PUBLISHER_RULES):
                 self._emit(event)
-        recent = max((t.last_discontinuity.arrival_ns for t in sp.tracks.values()
+        recent = max((t.last_discontinuity.arrival_ns for t in sp.track_stats.values()
                       if t.last_discontinuity is not None), default=None)
         fresh = recent is not None and now - recent < DISCONTINUITY_HOLD_NS
         self._update("discontinuity", name, 1.0 if fresh else 0.0, now)
@@ -378,9 +378,9 @@ class ProbeService(RelayObserver):
     def tick(self, now: int) -> dict[str, Any]:
         """Evaluate every alert and push one snapshot to the dashboards; returns it."""
         clock = self._clock_alerts(now)
-        rooms = self.relay.rooms.streams
+        relayed = self.relay.streams.by_name
         for name, sp in list(self.streams.items()):
-            if name not in rooms and not sp.viewers:
+            if name not in relayed and not sp.viewers:
                 self._forget(name, now)
                 continue
             self._stream_alerts(name, sp, now)
@@ -431,25 +431,25 @@ class ProbeService(RelayObserver):
                 "caption_error_edges_ms": list(CAPTION_ERROR_EDGES_MS)}
 
     def _publisher_skew(self, sp: StreamProbe, now: int) -> float | None:
-        audio, video = sp.tracks.get("audio"), sp.tracks.get("video")
+        audio, video = sp.track_stats.get("audio"), sp.track_stats.get("video")
         if audio is None or video is None:
             return None
         return _r(capture_skew_ms(audio.fit.model(), video.fit.model(), now))
 
     def _bitrates(self, name: str) -> dict[str, int]:
-        room = self.relay.rooms.streams.get(name)
-        if room is None or room.publisher is None:
+        relayed = self.relay.streams.by_name.get(name)
+        if relayed is None or relayed.publisher is None:
             return {}
-        return {t.kind: round(t.bitrate_bps) for t in room.publisher.tracks}
+        return {t.kind: round(t.bitrate_bps) for t in relayed.publisher.tracks}
 
     def snapshot(self, now: int, clock: dict[str, Any] | None = None) -> dict[str, Any]:
         """One dashboard tick: every stream's figures, the clock, the GPUs, the alerts."""
         events, self._events = self._events, []
         streams = {}
         for name, sp in self.streams.items():
-            room = self.relay.rooms.streams.get(name)
+            relayed = self.relay.streams.by_name.get(name)
             tracks = {}
-            for kind, t in sp.tracks.items():
+            for kind, t in sp.track_stats.items():
                 m = t.fit.model()
                 tracks[kind] = {
                     "jitter_ms": _r(t.jitter.jitter_ms), "frame_rms_ms": _r(t.frame_jitter_rms_ms),
@@ -463,8 +463,8 @@ class ProbeService(RelayObserver):
             rr = summary["rr_jitter_ms"]
             assert isinstance(rr, dict)
             streams[name] = {
-                "publisher": room is not None and room.publisher is not None,
-                "viewers": len(room.viewers) if room is not None else len(sp.viewers),
+                "publisher": relayed is not None and relayed.publisher is not None,
+                "viewers": len(relayed.viewers) if relayed is not None else len(sp.viewers),
                 "bitrate_bps": self._bitrates(name),
                 "tracks": tracks,
                 "publisher_av_skew_ms": self._publisher_skew(sp, now),
@@ -503,11 +503,11 @@ class ProbeService(RelayObserver):
     def stream_status(self, name: str, now: int) -> dict[str, Any]:
         """``GET /api/streams/{stream}/sync``: every statistic per track, and the viewers."""
         sp = self.streams.get(name) or StreamProbe(name)
-        room = self.relay.rooms.streams.get(name)
-        publisher = room.publisher if room is not None else None
+        relayed = self.relay.streams.by_name.get(name)
+        publisher = relayed.publisher if relayed is not None else None
         bitrates = self._bitrates(name)
         tracks = {kind: {**t.summary(), "bitrate_bps": bitrates.get(kind)}
-                  for kind, t in sp.tracks.items()}
+                  for kind, t in sp.track_stats.items()}
         viewers = list(sp.viewers.items())
         return {
             "stream": name,
@@ -526,7 +526,7 @@ class ProbeService(RelayObserver):
 
     async def _stream_route(self, request: web.Request) -> web.Response:
         name = request.match_info["stream"]
-        if name not in self.streams and name not in self.relay.rooms.streams:
+        if name not in self.streams and name not in self.relay.streams.by_name:
             raise NotFound(f"no stream {name}")
         return json_ok(self.stream_status(name, self.now_ns()))
 
@@ -556,7 +556,7 @@ class ProbeService(RelayObserver):
             raise
         now = self.now_ns()
         sp = self.streams.get(report.stream) if report.stream is not None else None
-        video = sp.tracks.get("video") if sp is not None else None
+        video = sp.track_stats.get("video") if sp is not None else None
         state = self.renderers.add(report, now,
                                    video.frame_jitter_rms_ms if video is not None else None)
         self._update("gpu_fragmentation", report.renderer, report.fragmentation, now,

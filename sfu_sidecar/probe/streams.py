@@ -15,7 +15,7 @@ class StreamProbe:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.tracks: dict[str, TrackStats] = {}
+        self.track_stats: dict[str, TrackStats] = {}
         self.viewers: dict[str, ViewerStats] = {}
         self.caption_errors: deque[float] = deque(maxlen=CAPTION_ERRORS_KEPT)
         self.resyncs = 0

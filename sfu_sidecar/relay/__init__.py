@@ -9,9 +9,9 @@ Modules, pure cores first:
 * ``sdp``     offer checks, negotiated-media summaries, trickle fragments
 * ``hooks``   what other features observe and replace (packets, sender reports, channels)
 * ``aiortc_adapter`` the only module touching aiortc/aioice internals (checked at start-up)
-* ``session`` aiortc glue for one publisher or viewer; ``rooms`` streams
+* ``session`` aiortc glue for one publisher or viewer; ``streams`` streams by name
 * ``service`` :class:`RelayService`, the application component
-* ``whip``    its HTTP routes, registered by the application
+* ``routes``  its HTTP routes (WHIP, WHEP, /api/streams), registered by the application
 
 Wiring (``app.build_components``)::
 

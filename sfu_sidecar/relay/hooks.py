@@ -10,7 +10,7 @@ How to use it::
             ...  # NTP<->RTP pair from the publisher's RTCP SR, as captured off the wire
 
         def viewer_connected(self, viewer):
-            for kind, track in viewer.tracks.items():
+            for kind, track in viewer.outputs.items():
                 track.observers.append(lambda pkt, viewer_ts: ...)   # every forwarded packet
                 track.sender_report_rewriter = rebuild_sr            # SRs this viewer receives
             if viewer.accepts_data_channel:

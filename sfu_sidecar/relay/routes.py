@@ -37,7 +37,9 @@ def _link_value(server: IceServer) -> str:
     return value
 
 
-class WhipRoutes:
+class RelayRoutes:
+    """The relay's HTTP resources: WHIP sessions, WHEP sessions and the stream status routes."""
+
     def __init__(self, service: RelayService) -> None:
         self.service = service
         self.settings = service.settings
@@ -142,8 +144,8 @@ class WhipRoutes:
         raise NotFound(f"no resource {request.method} {request.path}")
 
     async def list_streams(self, request: web.Request) -> web.Response:
-        return json_ok({"streams": [s.status() for s in self.service.rooms.streams.values()]})
+        return json_ok({"streams": [s.status() for s in self.service.streams.by_name.values()]})
 
     async def get_stream(self, request: web.Request) -> web.Response:
-        stream = self.service.rooms.get(request.match_info["stream"])
+        stream = self.service.streams.get(request.match_info["stream"])
         return json_ok(stream.status())

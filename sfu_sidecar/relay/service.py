@@ -14,8 +14,8 @@ from sfu_sidecar.config import Settings
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
-from sfu_sidecar.relay.rooms import Rooms
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+from sfu_sidecar.relay.streams import Streams
 
 log = logs.get("relay")
 
@@ -55,7 +55,7 @@ class RelayService:
         self.now_ns = now_ns
         self.header_extensions = tuple(header_extensions)
         self.observers: list[RelayObserver] = list(observers)
-        self.rooms = Rooms()
+        self.streams = Streams()
         self._accepted = {"publishers": 0, "viewers": 0}
         metrics.registry.register(_RelayCollector(self))
 
@@ -69,14 +69,14 @@ class RelayService:
 
     async def stop(self) -> None:
         sessions: list[PublisherSession | ViewerSession] = []
-        for stream in list(self.rooms.streams.values()):
+        for stream in list(self.streams.by_name.values()):
             if stream.publisher is not None:
                 sessions.append(stream.publisher)
             sessions.extend(stream.viewers.values())
         await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
 
     async def publish(self, name: str, offer: str) -> PublisherSession:
-        stream = self.rooms.get_or_create(name)
+        stream = self.streams.get_or_create(name)
         session = PublisherSession(stream, self.settings, self.now_ns, self.observers)
         stream.claim_publisher(session)
         try:
@@ -88,7 +88,7 @@ class RelayService:
         return session
 
     async def view(self, name: str, offer: str) -> ViewerSession:
-        stream = self.rooms.get_or_create(name)
+        stream = self.streams.get_or_create(name)
         session = ViewerSession(stream, self.settings, self.now_ns, self.observers,
                                 media_clock=self.media_clock)
         stream.viewer_added(session)
@@ -103,7 +103,7 @@ class RelayService:
     def find_session(self, stream_name: str, session_id: str) -> (
         PublisherSession | ViewerSession | None
     ):
-        stream = self.rooms.streams.get(stream_name)
+        stream = self.streams.by_name.get(stream_name)
         if stream is None:
             return None
         if stream.publisher is not None and stream.publisher.id == session_id:
@@ -113,7 +113,7 @@ class RelayService:
     def latency_samples_ns(self) -> list[int]:
         """Receive-to-forwarded times of recent publisher packets, across streams."""
         out: list[int] = []
-        for stream in self.rooms.streams.values():
+        for stream in self.streams.by_name.values():
             if stream.publisher is not None:
                 out.extend(stream.publisher.counters.latency_ns)
         return out
@@ -158,7 +158,7 @@ class _RelayCollector(Collector):
             f"{NAMESPACE}_relay_sessions", "sessions accepted", labels=["role"]
         )
         live = 0
-        for stream in list(s.rooms.streams.values()):
+        for stream in list(s.streams.by_name.values()):
             live += stream.publisher is not None
             viewers.add_metric([stream.name], len(stream.viewers))
             if stream.publisher is not None:
@@ -166,7 +166,7 @@ class _RelayCollector(Collector):
                 bad.add_metric([stream.name, "rtp"], c.parse_errors)
                 bad.add_metric([stream.name, "rtcp"], c.rtcp_errors)
                 bad.add_metric([stream.name, "payload_type"], c.unknown_payload)
-            for kind, fw in stream.tracks.items():
+            for kind, fw in stream.forwarders.items():
                 packets_in.add_metric([stream.name, kind], fw.packets_in)
                 packets_out.add_metric(
                     [stream.name, kind], sum(o.packets_sent for o in fw.outputs)

@@ -42,7 +42,7 @@ from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 from sfu_sidecar.tasks import Tasks
 
 if TYPE_CHECKING:
-    from sfu_sidecar.relay.rooms import Stream
+    from sfu_sidecar.relay.streams import Stream
 
 log = logs.get("relay.session")
 
@@ -479,7 +479,7 @@ class ViewerSession(_PeerSession):
         self.now_ns = now_ns
         self.observers = observers
         self.pc = RTCPeerConnection(rtc_configuration())
-        self.tracks: dict[str, ViewerOutput] = {}
+        self.outputs: dict[str, ViewerOutput] = {}
         self.answer_sdp = ""  # what the WHEP response carries (set by negotiate)
         self.data_channels: dict[str, RTCDataChannel] = {}
         self.accepts_data_channel = False
@@ -549,7 +549,7 @@ class ViewerSession(_PeerSession):
             )
             # Random starting points (RFC 3550 §5.1), below 2^15 like aiortc's own senders to
             # keep early SRTP rollover guesses simple.
-            self.tracks[m.kind] = ViewerOutput(
+            self.outputs[m.kind] = ViewerOutput(
                 self.id, m.kind, config,
                 seq_base=seq_rng.randrange(0x8000), ts_base=seq_rng.getrandbits(32),
             )
@@ -557,7 +557,7 @@ class ViewerSession(_PeerSession):
         clock_lines = self.media_clock(0) if self.media_clock is not None else []
         if clock_lines:
             for m in answer.media:
-                self.tracks[m.kind].media_clock_rate = m.primary.clock_rate
+                self.outputs[m.kind].media_clock_rate = m.primary.clock_rate
             answer_text = sdpmod.add_media_attributes(answer_text, clock_lines)
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
@@ -571,7 +571,7 @@ class ViewerSession(_PeerSession):
             self._connected_once = True
             dtls = adapter.dtls_transports(self.pc)[0]
             self._send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
-            for output in self.tracks.values():
+            for output in self.outputs.values():
                 output.transmit = self._send_rtp
             self.stream.viewer_connected(self)
             self._tasks.start("rtcp", self._rtcp_loop())
@@ -586,7 +586,7 @@ class ViewerSession(_PeerSession):
                 output = self._output_for(msg.media_ssrc)
                 if output is None:
                     continue
-                forwarder = self.stream.tracks.get(output.kind)
+                forwarder = self.stream.forwarders.get(output.kind)
                 if forwarder is None:
                     continue
                 for packet in forwarder.retransmit(output, list(msg.lost), now):
@@ -604,7 +604,7 @@ class ViewerSession(_PeerSession):
                         self._notify("viewer_receiver_report", self, output.kind, block)
 
     def _output_for(self, ssrc: int) -> ViewerOutput | None:
-        for output in self.tracks.values():
+        for output in self.outputs.values():
             if output.config.ssrc == ssrc:
                 return output
         return None
@@ -628,8 +628,8 @@ class ViewerSession(_PeerSession):
     async def _rtcp_loop(self) -> None:
         while not self.closed.is_set():
             await asyncio.sleep(RTCP_INTERVAL_NS / 1e9 * (0.5 + random.random()))
-            for output in list(self.tracks.values()):
-                forwarder = self.stream.tracks.get(output.kind)
+            for output in list(self.outputs.values()):
+                forwarder = self.stream.forwarders.get(output.kind)
                 if forwarder is None or not output.started:
                     continue
                 report = forwarder.sender_report_for(output)
@@ -651,7 +651,7 @@ class ViewerSession(_PeerSession):
             return
         self.closed.set()
         self.state = "closed"
-        for output in self.tracks.values():
+        for output in self.outputs.values():
             output.transmit = None
         await self._tasks.stop()
         self.stream.viewer_closed(self)
@@ -678,6 +678,6 @@ class ViewerSession(_PeerSession):
                         o.last_report.fraction_lost / 256 if o.last_report is not None else None
                     ),
                 }
-                for o in self.tracks.values()
+                for o in self.outputs.values()
             ],
         }

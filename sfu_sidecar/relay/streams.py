@@ -16,7 +16,7 @@ from sfu_sidecar.relay.sdp import CodecInfo
 if TYPE_CHECKING:
     from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
-log = logs.get("relay.rooms")
+log = logs.get("relay.streams")
 
 
 class Stream:
@@ -24,17 +24,17 @@ class Stream:
         self.name = name
         self.publisher: PublisherSession | None = None
         self.viewers: dict[str, ViewerSession] = {}
-        self.tracks: dict[str, TrackForwarder] = {}
+        self.forwarders: dict[str, TrackForwarder] = {}
         # The codec each kind is forwarded as: the last publisher's, else the first viewer's.
         self.codecs: dict[str, CodecInfo] = {}
         self.publishers_seen = 0
         self._on_empty = on_empty
 
     def forwarder(self, kind: str, codec: CodecInfo) -> TrackForwarder:
-        fw = self.tracks.get(kind)
+        fw = self.forwarders.get(kind)
         if fw is None:
             fw = TrackForwarder(kind, codec.name, codec.clock_rate)
-            self.tracks[kind] = fw
+            self.forwarders[kind] = fw
             self.codecs.setdefault(kind, codec)
         elif fw.codec != codec.name:
             # A publisher with another codec: viewers negotiated for the old one cannot decode
@@ -60,22 +60,22 @@ class Stream:
         self.viewers[session.id] = session
 
     def viewer_connected(self, session: ViewerSession) -> None:
-        for kind, output in session.tracks.items():
-            fw = self.tracks.get(kind)
+        for kind, output in session.outputs.items():
+            fw = self.forwarders.get(kind)
             codec = self.codecs.get(kind)
             if fw is not None and (codec is None or fw.codec == codec.name):
                 fw.add_output(output)
 
     def viewer_closed(self, session: ViewerSession) -> None:
         self.viewers.pop(session.id, None)
-        for kind, output in session.tracks.items():
-            fw = self.tracks.get(kind)
+        for kind, output in session.outputs.items():
+            fw = self.forwarders.get(kind)
             if fw is not None:
                 fw.remove_output(output)
         self._maybe_empty()
 
     def keyframe_requested(self, output: ViewerOutput, now_ns: int) -> None:
-        fw = self.tracks.get(output.kind)
+        fw = self.forwarders.get(output.kind)
         if fw is None or output not in fw.outputs:
             return
         if fw.request_keyframe(now_ns, output) and self.publisher is not None:
@@ -100,31 +100,31 @@ class Stream:
                     "keyframe_requests_sent": fw.keyframe_requests_sent,
                     "viewers": len(fw.outputs),
                 }
-                for kind, fw in self.tracks.items()
+                for kind, fw in self.forwarders.items()
             },
             "viewers": [v.status() for v in self.viewers.values()],
         }
 
 
-class Rooms:
+class Streams:
     """Every stream by name; a stream disappears when it has neither publisher nor viewers."""
 
     def __init__(self) -> None:
-        self.streams: dict[str, Stream] = {}
+        self.by_name: dict[str, Stream] = {}
 
     def get_or_create(self, name: str) -> Stream:
-        stream = self.streams.get(name)
+        stream = self.by_name.get(name)
         if stream is None:
             stream = Stream(name, on_empty=self._drop)
-            self.streams[name] = stream
+            self.by_name[name] = stream
         return stream
 
     def get(self, name: str) -> Stream:
-        stream = self.streams.get(name)
+        stream = self.by_name.get(name)
         if stream is None:
             raise NotFound(f"no stream {name}")
         return stream
 
     def _drop(self, stream: Stream) -> None:
-        if self.streams.get(stream.name) is stream:
-            del self.streams[stream.name]
+        if self.by_name.get(stream.name) is stream:
+            del self.by_name[stream.name]

@@ -190,7 +190,7 @@ class SyncService(RelayObserver):
         first_ts, first_arrival = pub.first_frame
         if capture.estimated and packet.arrival_ns - first_arrival < EPOCH_SETTLE_NS:
             return
-        mapping = pub.sync.tracks["video"]
+        mapping = pub.sync.mappings["video"]
         epoch = mapping.capture_of(first_ts)
         if epoch is not None:
             self.captions.fix_epoch(stream, epoch)
@@ -199,7 +199,7 @@ class SyncService(RelayObserver):
     def publisher_sender_report(self, stream: str, kind: str, report: SenderReport) -> None:
         arrival = report.arrival_ns if report.arrival_ns is not None else self.now_ns()
         sync = self._publisher(stream).sync
-        mapping = sync.tracks.get(kind)
+        mapping = sync.mappings.get(kind)
         refused = mapping.sr_rejected if mapping is not None else 0
         sync.on_sender_report(kind, report.ntp_timestamp, report.rtp_timestamp, arrival)
         if mapping is not None and mapping.sr_rejected > refused:
@@ -225,7 +225,7 @@ class SyncService(RelayObserver):
     def viewer_connected(self, viewer: ViewerSession) -> None:
         entry = _Viewer(viewer, ViewerSync(), started_ns=self.now_ns())
         stream = viewer.stream.name
-        for kind, output in viewer.tracks.items():
+        for kind, output in viewer.outputs.items():
             entry.sync.add_track(kind, output.config.mid or "")
             output.observers.append(self._forwarded_observer(entry, stream, kind))
             output.sender_report_rewriter = self._sr_rewriter(entry, kind)
@@ -252,7 +252,7 @@ class SyncService(RelayObserver):
                 return
             if last[0] != packet.ssrc or last[1] != packet.sequence_number:
                 return  # not the packet just mapped (a retransmission): nothing new to say
-            mapping = pub.sync.tracks.get(kind)
+            mapping = pub.sync.mappings.get(kind)
             if mapping is None:
                 return
             entry.sync.on_forwarded(
@@ -407,7 +407,7 @@ class SyncService(RelayObserver):
         """Per track: where capture times come from and what became of the sender reports."""
         pub = self.publishers.get(stream)
         tracks: dict[str, Any] = {}
-        for kind, m in (pub.sync.tracks.items() if pub is not None else ()):
+        for kind, m in (pub.sync.mappings.items() if pub is not None else ()):
             cur = m.current
             tracks[kind] = {
                 "source": cur.source.name.lower() if cur is not None else None,

@@ -30,13 +30,13 @@ class PublisherSync:
 
     def __init__(self) -> None:
         self.clock = PublisherClock()
-        self.tracks: dict[str, TrackMapping] = {}
+        self.mappings: dict[str, TrackMapping] = {}
         self.bad_extensions = 0  # abs-capture-time payloads of a length the spec lacks
 
     def track(self, kind: str, clock_rate: int) -> TrackMapping:
-        m = self.tracks.get(kind)
+        m = self.mappings.get(kind)
         if m is None or m.clock_rate != clock_rate:
-            m = self.tracks[kind] = TrackMapping(clock_rate, self.clock, audio=kind == "audio")
+            m = self.mappings[kind] = TrackMapping(clock_rate, self.clock, audio=kind == "audio")
         return m
 
     def join(self, house_minus_publisher_ns: int) -> None:
@@ -46,7 +46,7 @@ class PublisherSync:
     def reconnect(self) -> None:
         """A new publisher session on the same stream: its clock is a stranger again."""
         self.clock.reset()
-        for m in self.tracks.values():
+        for m in self.mappings.values():
             m.reset()
 
     def on_packet(
@@ -65,7 +65,7 @@ class PublisherSync:
     def on_sender_report(
         self, kind: str, ntp: int, rtp_ts: int, arrival_ns: int, ssrc: int | None = None,
     ) -> bool:
-        m = self.tracks.get(kind)
+        m = self.mappings.get(kind)
         return False if m is None else m.on_sender_report(ssrc, ntp, rtp_ts, arrival_ns)
 
 

@@ -100,7 +100,7 @@ def _serve(port: int, ready: threading.Event, stop: list[Any], out: dict[str, An
         stop.append((asyncio.get_running_loop(), done))
         ready.set()
         await done.wait()
-        stream = service.rooms.streams.get("e2e")
+        stream = service.streams.by_name.get("e2e")
         out["status"] = stream.status() if stream is not None else None
         await runner.cleanup()
 

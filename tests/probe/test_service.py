@@ -119,9 +119,9 @@ async def test_live_publisher_and_viewer_feed_every_statistic(app: App) -> None:
 
         def ready() -> bool:
             sp = probe.streams.get("live")
-            if sp is None or set(sp.tracks) != {"audio", "video"}:
+            if sp is None or set(sp.track_stats) != {"audio", "video"}:
                 return False
-            models = [t.fit.model() for t in sp.tracks.values()]
+            models = [t.fit.model() for t in sp.track_stats.values()]
             viewers = list(sp.viewers.values())
             return (all(m is not None and m.basis == "house" for m in models)
                     and bool(viewers) and "video" in viewers[0].rr_jitter_ms)
@@ -182,7 +182,7 @@ async def test_live_publisher_and_viewer_feed_every_statistic(app: App) -> None:
 
 
 def start_stream(probe: ProbeService, name: str = "live") -> None:
-    probe.relay.rooms.get_or_create(name)  # the relay's stream, without sessions
+    probe.relay.streams.get_or_create(name)  # the relay's stream, without sessions
 
 
 async def test_discontinuity_alert_raises_and_clears(app: App) -> None:
@@ -218,7 +218,7 @@ async def test_frame_jitter_alert_follows_the_video(app: App) -> None:
     for i in range(80):
         arrival += 33_333_333 + (200 * MS if i % 2 else -30 * MS)
         probe.publisher_packet("live", "pub", packet("video", i, i * 3000, arrival))
-    rms = probe.streams["live"].tracks["video"].frame_jitter_rms_ms
+    rms = probe.streams["live"].track_stats["video"].frame_jitter_rms_ms
     assert rms == pytest.approx(((200**2 + 30**2) / 2) ** 0.5, abs=0.01)
     probe.tick(arrival)
     assert not probe.alerts.is_active("frame_jitter", "live")  # not yet for 1 s

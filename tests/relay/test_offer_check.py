@@ -227,7 +227,7 @@ async def test_garbled_direction_is_a_400_not_a_500(relay_factory: Any) -> None:
         async with relay.http.post(f"{relay.base}/{kind}/cam", data=garbled, headers=SDP) as r:
             assert r.status == 400, await r.text()
             assert "direction" in (await r.json())["error"]
-        assert relay.service.rooms.get_or_create("cam").publisher is None
+        assert relay.service.streams.get_or_create("cam").publisher is None
 
 
 # --- properties: mutated real offers against the real relay ----------------------------------

@@ -148,7 +148,7 @@ async def test_bad_requests_get_specific_statuses(relay_factory) -> None:
     # A viewer offer sent to WHIP (recvonly) is refused, and the stream slot stays free.
     status, body, _ = await _post(relay, "/whip/s", await _offer(direction="recvonly"), SDP)
     assert status == 400 and "must send" in str(body["error"])
-    assert relay.service.rooms.streams == {}
+    assert relay.service.streams.by_name == {}
 
 
 async def test_unknown_resources_are_404(relay: Relay) -> None:
@@ -185,7 +185,7 @@ async def test_publisher_that_vanishes_is_replaced_after_the_timeout(relay_facto
     # Vanish without DELETE: stop sending media (a crashed encoder, a pulled cable).
     for transceiver in first.pc.getTransceivers():
         await transceiver.sender.stop()
-    stream = relay.service.rooms.get("drop")
+    stream = relay.service.streams.get("drop")
     for _ in range(100):
         if stream.publisher is None:
             break
@@ -219,7 +219,7 @@ async def test_trickle_patch_adds_candidates_and_refuses_ice_restart(relay: Rela
                         *candidates, mdns, "a=end-of-candidates", ""])
     async with relay.http.patch(relay.base + location, data=frag, headers=frag_headers) as resp:
         assert resp.status == 204
-    session = relay.service.rooms.get("t").publisher
+    session = relay.service.streams.get("t").publisher
     assert session is not None
     ice = session.pc.getTransceivers()[0].receiver.transport.transport
     remote = {(c.ip, c.port) for c in ice.getRemoteCandidates()}
@@ -234,9 +234,9 @@ async def test_trickle_patch_adds_candidates_and_refuses_ice_restart(relay: Rela
         assert resp.status == 422
     # With the answer applied the publisher connects and media reaches the relay.
     await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-    stream = relay.service.rooms.get("t")
+    stream = relay.service.streams.get("t")
     await wait_for(
-        lambda: stream.tracks["video"].packets_in > 0, 10, "media from the trickled publisher"
+        lambda: stream.forwarders["video"].packets_in > 0, 10, "media from the trickled publisher"
     )
     async with relay.http.delete(relay.base + location) as resp:
         assert resp.status == 200
@@ -261,12 +261,12 @@ async def test_status_api_and_metrics_describe_streams(relay: Relay) -> None:
         assert viewer["tracks"][0]["packets_sent"] > 0
         assert {"nacks_received", "retransmitted", "plis_forwarded"} <= set(viewer["tracks"][0])
         # Garbage that got past SRTP (a buggy peer) is counted, never raised.
-        session = relay.service.rooms.get("st").publisher
+        session = relay.service.streams.get("st").publisher
         assert session is not None
         session._on_rtp(b"\x00garbage", 0)
         session._on_rtp(bytes.fromhex("80ff00010000000000000001") + b"x", 0)
         session._on_rtcp(b"\x80\xc8\x00\x09")
-        viewer_session = next(iter(relay.service.rooms.get("st").viewers.values()))
+        viewer_session = next(iter(relay.service.streams.get("st").viewers.values()))
         viewer_session._on_rtcp(b"\x80\xcd\x00\x01\x00")
         assert (session.counters.parse_errors, session.counters.unknown_payload) == (1, 1)
         assert session.counters.rtcp_errors == 1 and viewer_session.counters.rtcp_errors == 1

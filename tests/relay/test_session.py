@@ -119,7 +119,7 @@ async def test_publisher_loss_is_nacked_upstream_and_rtx_unwrapped(relay: Relay)
         assert _pt(pub, "video") == 97
         await frames(v.tracks["video"], 45, limit_s=15)
         await wait_for(lambda: len(dropped) == 6, 10, "six upstream losses")
-        track = relay.service.rooms.get("up").publisher.tracks[0]  # type: ignore[union-attr]
+        track = relay.service.streams.get("up").publisher.tracks[0]  # type: ignore[union-attr]
         await wait_for(lambda: track.rtx_packets >= 6, 5, "RTX repairs from the publisher")
         assert track.nack is not None and track.nack.nacked >= 6
         # Every lost packet reached the viewer, as a plain packet with its original payload.
@@ -151,11 +151,11 @@ async def test_a_broken_viewer_does_not_hold_up_the_others(relay: Relay) -> None
     bad = await view(relay.http, relay.base, "broken", kinds=("video",))
     try:
         await frames(bad.tracks["video"], 5, limit_s=10)
-        stream = relay.service.rooms.get("broken")
+        stream = relay.service.streams.get("broken")
         sessions = list(stream.viewers.values())
         bad_output = next(
-            s.tracks["video"] for s in sessions
-            if _media(bad.received, _pt(bad, "video"))[0].ssrc == s.tracks["video"].ssrc
+            s.outputs["video"] for s in sessions
+            if _media(bad.received, _pt(bad, "video"))[0].ssrc == s.outputs["video"].ssrc
         )
 
         def fail(data: bytes) -> None:
@@ -176,7 +176,7 @@ async def test_viewer_may_arrive_before_the_publisher(relay: Relay) -> None:
     v = await view(relay.http, relay.base, "early")
     try:
         await wait_for(lambda: v.pc.connectionState == "connected", 10, "viewer connected")
-        assert relay.service.rooms.get("early").publisher is None
+        assert relay.service.streams.get("early").publisher is None
         pub = await publish(relay.http, relay.base, "early", video=PatternVideo(),
                             audio=ToneAudio())
         try:
@@ -193,16 +193,16 @@ async def test_late_viewer_gets_a_keyframe_on_request(relay: Relay) -> None:
     early = await view(relay.http, relay.base, "late", kinds=("video",))
     try:
         await frames(early.tracks["video"], 30, limit_s=10)  # past the first keyframe
-        stream = relay.service.rooms.get("late")
-        requests_before = stream.tracks["video"].keyframe_requests_sent
-        keyframes_before = stream.tracks["video"].keyframes_in
+        stream = relay.service.streams.get("late")
+        requests_before = stream.forwarders["video"].keyframe_requests_sent
+        keyframes_before = stream.forwarders["video"].keyframes_in
         late = await view(relay.http, relay.base, "late", kinds=("video",))
         await wait_for(lambda: "video" in late.tracks, 5, "late viewer track")
         await frames(late.tracks["video"], 1, limit_s=10)
         # aiortc's encoder makes a keyframe only every 3000 frames (100 s) unless asked: the
         # late viewer decoding at all proves its join triggered a keyframe request upstream.
-        assert stream.tracks["video"].keyframes_in > keyframes_before
-        assert stream.tracks["video"].keyframe_requests_sent > requests_before
+        assert stream.forwarders["video"].keyframes_in > keyframes_before
+        assert stream.forwarders["video"].keyframe_requests_sent > requests_before
         first = _media(late.received, _pt(late, "video"))[0]
         assert is_keyframe_start("vp8", first.payload)
         await late.close()
@@ -252,9 +252,9 @@ async def test_loss_on_one_viewer_is_repaired_by_nack_without_touching_others(
 
         # A gap is noticed (and NACKed) when the next packet arrives; give the last one time.
         await wait_for(lambda: not missing(), 5, f"RTX repair of {sorted(missing())}")
-        stream = relay.service.rooms.get("lossy")
+        stream = relay.service.streams.get("lossy")
         by_id = {v.id: v for v in stream.viewers.values()}
-        outputs = [s.tracks["video"] for s in by_id.values()]
+        outputs = [s.outputs["video"] for s in by_id.values()]
         lossy_out = next(o for o in outputs if o.retransmitted > 0)
         clean_out = next(o for o in outputs if o is not lossy_out)
         assert lossy_out.retransmitted >= len(dropped_once) - 2
@@ -292,7 +292,7 @@ async def test_publisher_reconnect_keeps_viewer_sequence_and_time_monotonic(
                 assert seq_newer(b.sequence_number, a.sequence_number), (a, b)
                 assert b.sequence_number == (a.sequence_number + 1) & 0xFFFF
                 assert (b.timestamp - a.timestamp) & 0xFFFFFFFF < 0x80000000
-        assert relay.service.rooms.get("re").publishers_seen == 2
+        assert relay.service.streams.get("re").publishers_seen == 2
     finally:
         await v.close()
         await pub.close()
@@ -310,7 +310,7 @@ class Recorder(RelayObserver):
 
     def viewer_connected(self, viewer: ViewerSession) -> None:
         self.connected.append(viewer)
-        for kind, track in viewer.tracks.items():
+        for kind, track in viewer.outputs.items():
             track.observers.append(self._observer(viewer.id, kind))
             track.sender_report_rewriter = self._rewrite
 
@@ -340,8 +340,8 @@ async def test_hooks_see_packets_sender_reports_and_data_channels(relay: Relay) 
     plain = await view(relay.http, relay.base, "hooks")
     # Only the first viewer gets the rewriter; the second shows the relay's default SRs.
     await wait_for(lambda: len(recorder.connected) == 2, 5, "second viewer")
-    recorder.connected[1].tracks["video"].sender_report_rewriter = None
-    recorder.connected[1].tracks["audio"].sender_report_rewriter = None
+    recorder.connected[1].outputs["video"].sender_report_rewriter = None
+    recorder.connected[1].outputs["audio"].sender_report_rewriter = None
     assert recorder_done <= 1
     try:
         await frames(v.tracks["video"], 10, limit_s=10)

@@ -62,7 +62,7 @@ def test_relayed_stream_resolves_to_true_capture_times() -> None:
             track = 1
         for i, v in enumerate(viewers):
             viewer_ts = (ts + offsets[i]) & 0xFFFFFFFF
-            v.on_forwarded(kind, pub.tracks[kind], got, viewer_ts, arrival, keyframe=False)
+            v.on_forwarded(kind, pub.mappings[kind], got, viewer_ts, arrival, keyframe=False)
             if got.source is not Source.ARRIVAL:
                 truth[i][(track, viewer_ts)] = capture
             deliver(i, arrival)
@@ -77,10 +77,10 @@ def test_relayed_stream_resolves_to_true_capture_times() -> None:
                 checked += 1
         assert checked == len(truth[i])
     # The audio frames before the first SR came from arrival; from it on, sender reports.
-    assert pub.tracks["audio"].current is not None
-    assert pub.tracks["audio"].current.source is Source.SENDER_REPORT
-    assert pub.tracks["video"].current is not None
-    assert pub.tracks["video"].current.source is Source.ABS_CAPTURE_TIME
+    assert pub.mappings["audio"].current is not None
+    assert pub.mappings["audio"].current.source is Source.SENDER_REPORT
+    assert pub.mappings["video"].current is not None
+    assert pub.mappings["video"].current.source is Source.ABS_CAPTURE_TIME
 
     # Each viewer's SR carries the capture time of its own rewritten timestamp.
     at = T0 + 2 * NS + 500_000_000
@@ -102,4 +102,4 @@ def test_reconnect_forgets_the_publisher_clock() -> None:
     pub.join(OFFSET)
     pub.on_packet("audio", 5, 100, T0, 48_000)
     pub.reconnect()
-    assert pub.clock.offset_ns is None and pub.tracks["audio"].resets == 1
+    assert pub.clock.offset_ns is None and pub.mappings["audio"].resets == 1
