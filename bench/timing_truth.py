@@ -55,7 +55,7 @@ def run_probe(kind: str, seconds: float) -> dict[str, Any]:
     proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT, capture_output=True,
                           text=True, timeout=seconds + 180)
     if proc.returncode != 0:
-        return {"kind": kind, "error": proc.stderr[-500:]}
+        return {"kind": kind, "error": (proc.stdout + proc.stderr)[-500:]}
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
     return result
 

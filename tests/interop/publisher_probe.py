@@ -182,13 +182,25 @@ class Truth:
 async def start_publisher(kind: str, base: str, seconds: float, truth: Truth,
                           stack: contextlib.AsyncExitStack) -> dict[str, Any]:
     if kind == "gstreamer":
-        proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, started once
-            ["/usr/bin/python3", str(HERE / "gst_publisher.py"), f"{base}/whip/{STREAM}",
-             str(seconds + 15)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        stack.callback(lambda: (proc.terminate(), proc.wait(10)))
-        assert proc.stdout is not None
-        line = await asyncio.to_thread(proc.stdout.readline)
-        return json.loads(line) if line else {"status": None}
+        # GStreamer 1.22's webrtcbin now and then dies before it offers (a crash in its own
+        # start-up, before any byte reaches the service): one more try, said on stderr.
+        for attempt in range(2):
+            log = Path(tempfile.mkstemp(prefix="gst", suffix=".log")[1])
+            err = log.open("wb")  # noqa: ASYNC230 - set-up, before any media flows
+            proc = subprocess.Popen(  # noqa: ASYNC220 - a long-lived child, started once
+                ["/usr/bin/python3", str(HERE / "gst_publisher.py"), f"{base}/whip/{STREAM}",
+                 str(seconds + 15)], stdout=subprocess.PIPE, stderr=err, text=True)
+            stack.callback(err.close)
+            stack.callback(lambda p=proc: (p.terminate(), p.wait(10)))  # type: ignore[misc]
+            assert proc.stdout is not None
+            line = await asyncio.to_thread(proc.stdout.readline)
+            if line:
+                result: dict[str, Any] = json.loads(line)
+                return result
+            print(f"gstreamer publisher attempt {attempt + 1} exited with {proc.wait(10)}: "
+                  f"{log.read_text(errors='replace')[-800:]}",  # noqa: ASYNC240
+                  file=sys.stderr)
+        return {"status": None}
     if kind.startswith("chromium"):
         return await _chromium(base, kind == "chromium-act", stack)
     timeline = Timeline.starting_now(time.time_ns)
@@ -274,6 +286,8 @@ async def decode_video(viewer: peers.Peer, pub: dict[str, Any], kind: str, truth
         if first_ts is None:
             ssrc = peers.received_ssrc(viewer, "video")
             first_ts = next(p.timestamp for p in viewer.received if p.ssrc == ssrc)
+        if kind not in ("chromium", "chromium-act", "aiortc-join"):
+            continue  # truth comes from elsewhere (or nowhere): spare the publisher the CPU
         viewer_ts = (frame.pts + first_ts) & MASK32
         luma = frame.to_ndarray(format="yuv420p")[: frame.height]
         code = decode_frame_number(luma)
