@@ -78,6 +78,7 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         require(*mark.args)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     not_run = [r for r in terminalreporter.stats.get("skipped", [])
                if NOT_RUN in str(getattr(r, "longrepr", ""))]
