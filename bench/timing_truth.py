@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BENCH_LOCK = Path("/tmp/sfu-sidecar-bench.lock")
-KINDS = ("gstreamer", "chromium", "chromium-act", "aiortc", "aiortc-join")
+KINDS = ("gstreamer", "chromium", "chromium-act", "chromium-canvas", "aiortc", "aiortc-join")
 PTP_NS = 3_000_000
 NTP_OFFSET_S = 0.045_317
 

@@ -6,9 +6,10 @@ figures. Run it inside a namespace that has only ``lo`` (``unshare -n``), so eve
 loopback. The publishers:
 
 - ``gstreamer``: GStreamer ``webrtcbin`` (sender reports only; ``gst_publisher.py``).
-- ``chromium`` / ``chromium-act``: headless Chromium publishing a canvas whose every frame
-  carries its capture instant in its pixels, plus the fake microphone; ``-act`` negotiates
-  abs-capture-time.
+- ``chromium`` / ``chromium-act``: headless Chromium publishing its fake camera and microphone
+  (``--use-fake-device-for-media-stream``); ``-act`` negotiates abs-capture-time.
+- ``chromium-canvas``: Chromium publishing a canvas whose every frame carries the instant it was
+  drawn in its pixels, plus the fake microphone (sender reports only).
 - ``aiortc``: aiortc with the synthetic source, sender reports only (no join, no extension);
   every packet it sends is recorded, so the capture instant of every RTP timestamp is known.
 - ``aiortc-join``: the product's own client: abs-capture-time and a clock join.
@@ -55,13 +56,13 @@ ROOT = HERE.parent.parent
 MASK32 = 0xFFFFFFFF
 NS = 1_000_000_000
 STREAM = "probe"
-KINDS = ("gstreamer", "chromium", "chromium-act", "aiortc", "aiortc-join")
+KINDS = ("gstreamer", "chromium", "chromium-act", "chromium-canvas", "aiortc", "aiortc-join")
 # Chromium canvas frames carry (capture instant - page base) in units of 0.1 ms in the 20-bit
 # block code of the synthetic source: 104 s of range.
 CANVAS_UNIT_NS = 100_000
 
 CANVAS_PUBLISH_JS = """
-async ([base, act]) => {
+async ([base, act, camera]) => {
   const W = 640, H = 360, BITS = 20, ROWS = 24, UNIT_MS = 0.1;
   const canvas = document.createElement('canvas');
   canvas.width = W; canvas.height = H;
@@ -85,10 +86,13 @@ async ([base, act]) => {
     n++;
   };
   setInterval(draw, 1000 / 30);
-  const mic = (await navigator.mediaDevices.getUserMedia({audio: true})).getAudioTracks()[0];
+  const media = await navigator.mediaDevices.getUserMedia(
+      {audio: true, video: camera ? {width: 640, height: 360, frameRate: 30} : false});
+  const mic = media.getAudioTracks()[0];
+  const sent = camera ? media.getVideoTracks()[0] : video;
   const pc = new RTCPeerConnection({bundlePolicy: 'max-bundle'});
   const uri = 'http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time';
-  for (const track of [mic, video]) {
+  for (const track of [mic, sent]) {
     const t = pc.addTransceiver(track, {direction: 'sendonly'});
     if (act) {
       const exts = t.getHeaderExtensionsToNegotiate();
@@ -202,7 +206,7 @@ async def start_publisher(kind: str, base: str, seconds: float, truth: Truth,
                   file=sys.stderr)
         return {"status": None}
     if kind.startswith("chromium"):
-        return await _chromium(base, kind == "chromium-act", stack)
+        return await _chromium(base, kind == "chromium-act", kind != "chromium-canvas", stack)
     timeline = Timeline.starting_now(time.time_ns)
     # 320x240 keeps aiortc's VP8 encode, by which its send-time reports are late, to ~1 ms.
     video = FlashVideoTrack(timeline, width=320, height=240)
@@ -221,7 +225,8 @@ async def start_publisher(kind: str, base: str, seconds: float, truth: Truth,
     return {"status": 201, "peer": peer, "timeline": timeline}
 
 
-async def _chromium(base: str, act: bool, stack: contextlib.AsyncExitStack) -> dict[str, Any]:
+async def _chromium(base: str, act: bool, camera: bool,
+                    stack: contextlib.AsyncExitStack) -> dict[str, Any]:
     from playwright.async_api import async_playwright
 
     lock = stack.enter_context(BROWSER_LOCK.open("w"))
@@ -231,7 +236,7 @@ async def _chromium(base: str, act: bool, stack: contextlib.AsyncExitStack) -> d
     stack.push_async_callback(browser.close)
     page = await browser.new_page()
     await page.goto(base + "/healthz")
-    result: dict[str, Any] = await page.evaluate(CANVAS_PUBLISH_JS, [base, act])
+    result: dict[str, Any] = await page.evaluate(CANVAS_PUBLISH_JS, [base, act, camera])
     return result
 
 
@@ -286,12 +291,12 @@ async def decode_video(viewer: peers.Peer, pub: dict[str, Any], kind: str, truth
         if first_ts is None:
             ssrc = peers.received_ssrc(viewer, "video")
             first_ts = next(p.timestamp for p in viewer.received if p.ssrc == ssrc)
-        if kind not in ("chromium", "chromium-act", "aiortc-join"):
+        if kind not in ("chromium-canvas", "aiortc-join"):
             continue  # truth comes from elsewhere (or nowhere): spare the publisher the CPU
         viewer_ts = (frame.pts + first_ts) & MASK32
         luma = frame.to_ndarray(format="yuv420p")[: frame.height]
         code = decode_frame_number(luma)
-        if kind.startswith("chromium"):
+        if kind == "chromium-canvas":
             truth.by_viewer_ts["video"][viewer_ts] = origin_ns + code * CANVAS_UNIT_NS
         elif code in log:
             truth.by_viewer_ts["video"][viewer_ts] = log[code]

@@ -36,8 +36,8 @@ def probe(kind: str, viewer: str = "aiortc", seconds: int = SECONDS) -> dict[str
     return result
 
 
-def steady_timeline(result: dict[str, Any]) -> None:
-    for media, fps in (("video", 25), ("audio", 45)):
+def steady_timeline(result: dict[str, Any], video_fps: int = 25) -> None:
+    for media, fps in (("video", video_fps), ("audio", 45)):
         fig = result[media]
         assert fig["frames"] >= fps * (SECONDS - SETTLE_S - 5), (media, fig)
         assert fig["backwards"] == 0, (media, fig)
@@ -80,20 +80,32 @@ def test_gstreamer_publisher_on_the_products_viewer_page() -> None:
 
 @pytest.mark.browser
 @pytest.mark.parametrize("act", [False, True], ids=["sender-reports", "abs-capture-time"])
-def test_chromium_publisher(act: bool) -> None:
-    """Chromium publishing a canvas whose frames carry the instant they were drawn, with and
-    without abs-capture-time. Chromium stamps a canvas frame when it grabs it, up to a frame
-    after it was drawn, so the drawn instant is truth only to within a frame interval."""
+def test_chromium_publisher_fake_camera_and_microphone(act: bool) -> None:
+    """Chromium's fake camera and microphone, with and without abs-capture-time: the capture
+    source is the one negotiated, every frame of a minute is on one steady timeline."""
     result = probe("chromium-act" if act else "chromium")
     assert result["publish"]["act"] is act
-    steady_timeline(result)
+    steady_timeline(result, video_fps=15)  # the fake camera runs at 20 fps
     source = "abs_capture_time" if act else "sender_report"
+    for media in ("video", "audio"):
+        fig = result[media]
+        # Before the second report vouches for the first, frames map by arrival.
+        assert fig["sources"].get(source, 0) >= 0.85 * fig["frames"], (media, fig)
+        assert track_status(result, media)["sender_reports_distrusted"] is None
+
+
+@pytest.mark.browser
+def test_chromium_publisher_canvas_against_the_drawn_instant() -> None:
+    """Chromium publishing a canvas whose frames carry the instant they were drawn. Chromium
+    stamps a canvas frame when it grabs it, up to a frame after it was drawn, so the drawn
+    instant is truth only to within a frame interval."""
+    result = probe("chromium-canvas")
+    steady_timeline(result)
     video = result["video"]
-    assert video["sources"].get(source, 0) == video["frames"], video
+    assert video["sources"].get("sender_report", 0) == video["frames"], video
     assert video["truth_n"] >= 0.9 * video["frames"]
     assert video["abs_err_p95_ms"] <= FRAME_MS_30FPS, video
     assert abs(video["err_median_ms"]) <= 10, video
-    assert track_status(result, "video")["sender_reports_distrusted"] is None
 
 
 def test_aiortc_publisher_with_sender_reports_only() -> None:
