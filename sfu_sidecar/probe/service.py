@@ -35,18 +35,20 @@ from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Rende
 from sfu_sidecar.probe.stats import BucketCounts, TrackStats, capture_skew_ms
 from sfu_sidecar.probe.streams import StreamProbe
 from sfu_sidecar.probe.viewers import ViewerStats, viewer_summary
-from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver
+from sfu_sidecar.relay.hooks import (
+    DataChannel,
+    PacketInfo,
+    RelayObserver,
+    ReportBlock,
+    ViewerHandle,
+)
 from sfu_sidecar.relay.routes import STREAM_PATTERN
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
 from sfu_sidecar.tasks import Tasks
 
 if TYPE_CHECKING:
-    from aiortc.rtcdatachannel import RTCDataChannel
-
     from sfu_sidecar.clock.service import ClockService
-    from sfu_sidecar.relay.rtcp import ReportBlock
     from sfu_sidecar.relay.service import RelayService
-    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
     from sfu_sidecar.sync.channel import SyncService
 
 log = logs.get("probe")
@@ -221,11 +223,11 @@ class ProbeService(RelayObserver):
         capture = last[2]
         return None if capture.estimated else capture.capture_ns
 
-    def viewer_connected(self, viewer: ViewerSession) -> None:
-        self._viewer(viewer.stream.name, viewer.id)
+    def viewer_connected(self, viewer: ViewerHandle) -> None:
+        self._viewer(viewer.stream_name, viewer.id)
 
-    def viewer_closed(self, viewer: ViewerSession) -> None:
-        sp = self.streams.get(viewer.stream.name)
+    def viewer_closed(self, viewer: ViewerHandle) -> None:
+        sp = self.streams.get(viewer.stream_name)
         if sp is not None:
             sp.viewers.pop(viewer.id, None)
 
@@ -237,23 +239,21 @@ class ProbeService(RelayObserver):
         return vs
 
     def viewer_receiver_report(
-        self, viewer: ViewerSession, kind: str, report: ReportBlock
+        self, viewer: ViewerHandle, kind: str, report: ReportBlock
     ) -> None:
-        forwarder = viewer.stream.forwarders.get(kind)
-        rate = forwarder.clock_rate if forwarder is not None else DEFAULT_CLOCK_RATES.get(kind)
+        output = viewer.outputs.get(kind)
+        rate = output.clock_rate if output is not None else None
+        if rate is None:
+            rate = DEFAULT_CLOCK_RATES.get(kind)
         if rate:
-            self._viewer(viewer.stream.name, viewer.id).on_receiver_report(
+            self._viewer(viewer.stream_name, viewer.id).on_receiver_report(
                 kind, report.jitter, rate, report.fraction_lost)
 
-    def data_channel(
-        self, session: PublisherSession | ViewerSession, channel: RTCDataChannel
-    ) -> None:
-        from sfu_sidecar.relay.session import ViewerSession
-
-        if channel.label != CHANNEL_LABEL or not isinstance(session, ViewerSession):
+    def viewer_data_channel(self, viewer: ViewerHandle, channel: DataChannel) -> None:
+        if channel.label != CHANNEL_LABEL:
             return
-        stream, viewer_id = session.stream.name, session.id
-        channel.on("message", lambda data: self._viewer_message(stream, viewer_id, data))
+        stream, viewer_id = viewer.stream_name, viewer.id
+        channel.on_message(lambda data: self._viewer_message(stream, viewer_id, data))
 
     def _viewer_message(self, stream: str, viewer_id: str, data: Any) -> None:
         if isinstance(data, str):
@@ -340,8 +340,8 @@ class ProbeService(RelayObserver):
         rows = []
         for entry in list(self.sync.viewers.values()):
             channel = entry.channel
-            rows.append((entry.session.stream.name,
-                         channel.bufferedAmount if channel is not None else 0,
+            rows.append((entry.session.stream_name,
+                         channel.buffered_amount if channel is not None else 0,
                          entry.sync.batcher.max_buffered_bytes))
         return rows
 

@@ -7,7 +7,8 @@ Modules, pure cores first:
 * ``forwarder`` per-track fan-out: per-viewer rewrite, NACK cache, keyframe throttle
 * ``upstream`` receiver statistics and NACK decisions towards the publisher
 * ``sdp``     offer checks, negotiated-media summaries, trickle fragments
-* ``hooks``   what other features observe and replace (packets, sender reports, channels)
+* ``hooks``   the public seam: observer hooks and the handles they get (publisher, viewer,
+  viewer track, data channel, keyframe request), packets, sender reports
 * ``aiortc_adapter`` the only module touching aiortc/aioice internals (checked at start-up)
 * ``session`` aiortc glue for one publisher or viewer; ``streams`` streams by name
 * ``service`` :class:`RelayService`, the application component
@@ -24,20 +25,30 @@ from __future__ import annotations
 
 from sfu_sidecar.relay.hooks import (
     ABS_CAPTURE_TIME,
+    DataChannel,
+    KeyframeRequest,
     PacketInfo,
     PacketObserver,
+    PublisherHandle,
     RelayObserver,
     SenderReport,
     SenderReportRewriter,
+    ViewerHandle,
+    ViewerTrack,
 )
 from sfu_sidecar.relay.service import RelayService
 
 __all__ = [
     "ABS_CAPTURE_TIME",
+    "DataChannel",
+    "KeyframeRequest",
     "PacketInfo",
     "PacketObserver",
+    "PublisherHandle",
     "RelayObserver",
     "RelayService",
     "SenderReport",
     "SenderReportRewriter",
+    "ViewerHandle",
+    "ViewerTrack",
 ]

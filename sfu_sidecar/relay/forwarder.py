@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from sfu_sidecar.relay.hooks import (
     ABS_CAPTURE_TIME,
@@ -34,9 +33,7 @@ from sfu_sidecar.relay.packet import (
     seq_newer,
     wrap_rtx,
 )
-
-if TYPE_CHECKING:
-    from sfu_sidecar.relay.rtcp import ReportBlock
+from sfu_sidecar.relay.rtcp import ReportBlock
 
 # Packets kept per track for NACK repair: ~6 s of 1.5 Mbit/s VP8 (~150 packets/s), far beyond
 # any round trip a NACK can still help with.
@@ -59,6 +56,7 @@ class OutputConfig:
     mid: str | None = None
     rtx_payload_type: int | None = None
     rtx_ssrc: int | None = None
+    clock_rate: int | None = None  # of the negotiated codec
 
 
 @dataclass(slots=True)
@@ -122,6 +120,14 @@ class ViewerOutput:
     @property
     def ssrc(self) -> int:
         return self.config.ssrc
+
+    @property
+    def mid(self) -> str | None:
+        return self.config.mid
+
+    @property
+    def clock_rate(self) -> int | None:
+        return self.config.clock_rate
 
     def _start(self, seq: int, timestamp: int, now_ns: int) -> None:
         if self.media_clock_rate is not None:

@@ -1,7 +1,10 @@
-"""What the relay lets other features see and change, per stream, viewer and track.
+"""The relay's public seam: what other features see and change, per stream, viewer and track.
 
-The sync-metadata feature is the main user; everything here is called on the event loop, inline
-with forwarding, so callbacks must be quick and must not block (queue work elsewhere).
+Sync metadata, the probe and every later feature attach the same way: an observer
+(:class:`RelayObserver`) registered with the relay, handed small handles
+(:class:`PublisherHandle`, :class:`ViewerHandle`, :class:`ViewerTrack`, :class:`DataChannel`)
+and never a session object or anything of aiortc. Everything here is called on the event loop,
+inline with forwarding, so callbacks must be quick and must not block (queue work elsewhere).
 
 How to use it::
 
@@ -13,8 +16,9 @@ How to use it::
             for kind, track in viewer.outputs.items():
                 track.observers.append(lambda pkt, viewer_ts: ...)   # every forwarded packet
                 track.sender_report_rewriter = rebuild_sr            # SRs this viewer receives
-            if viewer.accepts_data_channel:
-                channel = viewer.pc.createDataChannel("sync")          # aiortc RTCDataChannel
+
+        def viewer_data_channel(self, viewer, channel):
+            channel.on_message(lambda data: ...)                    # a channel the viewer opened
 
     relay.add_observer(SyncFeed())
 
@@ -33,36 +37,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
+
+from sfu_sidecar.relay.rtcp import ReportBlock, SenderReport
 
 # The extension's codec and URI live with the capture-time mapping (pure, no aiortc).
 from sfu_sidecar.sync.mapping import ABS_CAPTURE_TIME_URI
 
-if TYPE_CHECKING:
-    from aiortc.rtcdatachannel import RTCDataChannel
-
-    from sfu_sidecar.relay.rtcp import ReportBlock
-    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+__all__ = [
+    "ABS_CAPTURE_TIME", "ABS_SEND_TIME", "AUDIO_LEVEL", "SDES_MID", "DataChannel",
+    "KeyframeRequest", "PacketInfo", "PacketObserver", "PacketWriter", "PublisherHandle",
+    "RelayObserver", "ReportBlock", "SenderReport", "SenderReportRewriter", "ViewerHandle",
+    "ViewerTrack",
+]
 
 SDES_MID = "urn:ietf:params:rtp-hdrext:sdes:mid"
 ABS_SEND_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-send-time"
 AUDIO_LEVEL = "urn:ietf:params:rtp-hdrext:ssrc-audio-level"
 ABS_CAPTURE_TIME = ABS_CAPTURE_TIME_URI
-
-
-@dataclass(frozen=True, slots=True)
-class SenderReport:
-    """The sender-info half of an RTCP SR (RFC 3550 §6.4.1).
-
-    ``ntp_timestamp`` is the 64-bit NTP timestamp (32.32 fixed point). ``arrival_ns`` is the
-    house time the relay received it (None for reports the relay builds).
-    """
-
-    ntp_timestamp: int
-    rtp_timestamp: int
-    packet_count: int
-    octet_count: int
-    arrival_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +78,83 @@ PacketWriter = Callable[[PacketInfo], Mapping[str, bytes] | None]
 SenderReportRewriter = Callable[[SenderReport | None], SenderReport | None]
 
 
+# Asks the stream's publisher for a keyframe of its ``kind`` track (RTCP PLI).
+KeyframeRequest = Callable[[str], None]
+
+
+class DataChannel(Protocol):
+    """A DataChannel a peer opened, as observers see it."""
+
+    @property
+    def label(self) -> str: ...
+
+    @property
+    def ready_state(self) -> str:
+        """One of connecting, open, closing, closed (the W3C RTCDataChannelState)."""
+        ...
+
+    @property
+    def buffered_amount(self) -> int:
+        """Bytes queued for sending and not yet handed to the transport."""
+        ...
+
+    def send(self, data: bytes | str) -> None: ...
+
+    def on_message(self, handler: Callable[[bytes | str], None]) -> None:
+        """Call ``handler`` with every message from now on (earlier ones are lost)."""
+        ...
+
+
+class ViewerTrack(Protocol):
+    """One viewer's copy of one track: who sees its packets and what its SRs say."""
+
+    observers: list[PacketObserver]
+    sender_report_rewriter: SenderReportRewriter | None
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def mid(self) -> str | None:
+        """The media section's a=mid in the viewer's session."""
+        ...
+
+    @property
+    def clock_rate(self) -> int | None:
+        """The RTP clock rate of the codec the viewer negotiated for this track."""
+        ...
+
+
+class PublisherHandle(Protocol):
+    """A stream's publisher, as observers see it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def stream_name(self) -> str: ...
+
+
+class ViewerHandle(Protocol):
+    """One viewer of a stream, as observers see it."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def stream_name(self) -> str: ...
+
+    @property
+    def accepts_data_channel(self) -> bool:
+        """The viewer's offer had an application m-line (it may open DataChannels)."""
+        ...
+
+    @property
+    def outputs(self) -> Mapping[str, ViewerTrack]:
+        """The viewer's tracks by kind."""
+        ...
+
+
 class RelayObserver:
     """Subclass and override what you need; every method defaults to doing nothing."""
 
@@ -101,24 +170,25 @@ class RelayObserver:
         negotiated) to write into the copies every viewer gets."""
         return None
 
-    def publisher_connected(self, publisher: PublisherSession) -> None:
-        """The publisher's transport is up. Channels it opened appear in
-        ``publisher.data_channels`` (a ``sync`` channel carries its clock join)."""
+    def publisher_connected(self, publisher: PublisherHandle) -> None:
+        """The publisher's transport is up."""
 
-    def data_channel(
-        self, session: PublisherSession | ViewerSession, channel: RTCDataChannel
-    ) -> None:
-        """A peer opened a DataChannel. Attach message handlers here, not later: messages
-        that arrive before a handler is attached are lost."""
+    def publisher_data_channel(self, publisher: PublisherHandle, channel: DataChannel) -> None:
+        """The publisher opened a DataChannel (a ``sync`` channel carries its clock join).
+        Attach message handlers here, not later: messages that arrive before a handler is
+        attached are lost."""
 
-    def viewer_connected(self, viewer: ViewerSession) -> None:
+    def viewer_data_channel(self, viewer: ViewerHandle, channel: DataChannel) -> None:
+        """A viewer opened a DataChannel; as :meth:`publisher_data_channel`."""
+
+    def viewer_connected(self, viewer: ViewerHandle) -> None:
         """The viewer's transport is up; its tracks start receiving at the next packet."""
 
-    def viewer_closed(self, viewer: ViewerSession) -> None:
+    def viewer_closed(self, viewer: ViewerHandle) -> None:
         """The viewer left or failed; its tracks receive nothing more."""
 
     def viewer_receiver_report(
-        self, viewer: ViewerSession, kind: str, report: ReportBlock
+        self, viewer: ViewerHandle, kind: str, report: ReportBlock
     ) -> None:
         """A report block the viewer sent about its ``kind`` track (RTCP RR or SR, about once
         a second): loss and RFC 3550 interarrival jitter as the viewer measures them, the

@@ -9,7 +9,6 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from sfu_sidecar.relay.hooks import SenderReport
 from sfu_sidecar.relay.packet import build_nack_fci, parse_nack_fci
 from sfu_sidecar.relay.upstream import ReceptionReport
 
@@ -25,6 +24,21 @@ FEEDBACK = struct.Struct("!II")  # sender SSRC | media SSRC
 SR, RR, SDES, BYE, RTPFB, PSFB = 200, 201, 202, 203, 205, 206
 FMT_NACK = 1
 FMT_PLI, FMT_FIR, FMT_APP = 1, 4, 15
+
+
+@dataclass(frozen=True, slots=True)
+class SenderReport:
+    """The sender-info half of an RTCP SR (RFC 3550 §6.4.1).
+
+    ``ntp_timestamp`` is the 64-bit NTP timestamp (32.32 fixed point). ``arrival_ns`` is the
+    house time the relay received it (None for reports the relay builds).
+    """
+
+    ntp_timestamp: int
+    rtp_timestamp: int
+    packet_count: int
+    octet_count: int
+    arrival_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

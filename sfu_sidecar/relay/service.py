@@ -78,7 +78,7 @@ class RelayService:
     async def publish(self, name: str, offer: str) -> PublisherSession:
         stream = self.streams.get_or_create(name)
         session = PublisherSession(stream, self.settings, self.now_ns, self.observers)
-        stream.claim_publisher(session)
+        stream.claim_publisher(session, session.request_keyframe)
         try:
             await session.negotiate(offer)
         except BaseException:

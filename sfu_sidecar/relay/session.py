@@ -15,7 +15,7 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from aiortc import (
     MediaStreamTrack,
@@ -36,13 +36,15 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutput
-from sfu_sidecar.relay.hooks import ABS_SEND_TIME, PacketInfo, RelayObserver, SenderReport
+from sfu_sidecar.relay.hooks import (
+    ABS_SEND_TIME,
+    PacketInfo,
+    RelayObserver,
+    SenderReport,
+)
 from sfu_sidecar.relay.packet import RtpPacket, RtpParseError, unwrap_rtx
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 from sfu_sidecar.tasks import Tasks
-
-if TYPE_CHECKING:
-    from sfu_sidecar.relay.streams import Stream
 
 log = logs.get("relay.session")
 
@@ -53,6 +55,56 @@ LATENCY_SAMPLES = 8192
 
 
 _closing = Tasks("session", log)  # closes started from aiortc callbacks, which cannot await
+
+
+class StreamSlot(Protocol):
+    """What a session needs of the stream it belongs to (``streams.Stream`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def codecs(self) -> dict[str, sdpmod.CodecInfo]: ...
+
+    @property
+    def forwarders(self) -> Mapping[str, TrackForwarder]: ...
+
+    def forwarder(self, kind: str, codec: sdpmod.CodecInfo) -> TrackForwarder: ...
+
+    def publisher_closed(self, session: PublisherSession) -> None: ...
+
+    def viewer_connected(self, session: ViewerSession) -> None: ...
+
+    def viewer_closed(self, session: ViewerSession) -> None: ...
+
+    def keyframe_requested(self, output: ViewerOutput, now_ns: int) -> None: ...
+
+
+class ChannelHandle:
+    """A peer's DataChannel as observers see it (``hooks.DataChannel``), over aiortc's."""
+
+    __slots__ = ("_channel",)
+
+    def __init__(self, channel: RTCDataChannel) -> None:
+        self._channel = channel
+
+    @property
+    def label(self) -> str:
+        return str(self._channel.label)
+
+    @property
+    def ready_state(self) -> str:
+        return str(self._channel.readyState)
+
+    @property
+    def buffered_amount(self) -> int:
+        return int(self._channel.bufferedAmount)
+
+    def send(self, data: bytes | str) -> None:
+        self._channel.send(data)
+
+    def on_message(self, handler: Callable[[bytes | str], None]) -> None:
+        self._channel.on("message", handler)
 
 
 def _later(coro: Coroutine[Any, Any, None]) -> None:
@@ -130,29 +182,39 @@ class SessionCounters:
 class _PeerSession:
     """What publisher and viewer sessions share: trickle ICE, data channels, observer calls."""
 
+    id: str
+    stream: StreamSlot
     pc: RTCPeerConnection
     ice_ufrag: str | None
     ice_pwd: str | None
-    data_channels: dict[str, RTCDataChannel]
+    data_channels: dict[str, ChannelHandle]
     observers: list[RelayObserver]
     counters: SessionCounters
+
+    @property
+    def stream_name(self) -> str:
+        return self.stream.name
 
     async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
         sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
         for cand in trickle.candidates:
             await self.pc.addIceCandidate(cand)
 
-    def _notify(self, hook: str, *args: Any) -> None:
-        """Call ``hook`` on every observer; one that raises is logged, the rest still run."""
+    def _notify(self, hook: str, call: Callable[[RelayObserver], None]) -> None:
+        """``call`` every observer's ``hook``; one that raises is logged, the rest still run."""
         for observer in self.observers:
             try:
-                getattr(observer, hook)(*args)
+                call(observer)
             except Exception:
                 log.exception("observer failed on %s", hook)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        self.data_channels[channel.label] = channel
-        self._notify("data_channel", self, channel)
+        handle = ChannelHandle(channel)
+        self.data_channels[handle.label] = handle
+        self._channel_opened(handle)
+
+    def _channel_opened(self, channel: ChannelHandle) -> None:
+        raise NotImplementedError
 
     def _parse_rtcp(self, data: bytes, now_ns: int) -> list[rtcp.RtcpMessage]:
         """A compound packet's messages; a torn one is counted and yields none."""
@@ -168,7 +230,7 @@ class PublisherSession(_PeerSession):
 
     def __init__(
         self,
-        stream: Stream,
+        stream: StreamSlot,
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
@@ -181,7 +243,7 @@ class PublisherSession(_PeerSession):
         self.pc = RTCPeerConnection(rtc_configuration())
         self.tracks: list[PublisherTrack] = []
         self.answer_sdp = ""  # what the WHIP response carries (set by negotiate)
-        self.data_channels: dict[str, RTCDataChannel] = {}
+        self.data_channels: dict[str, ChannelHandle] = {}
         self.counters = SessionCounters()
         self.state = "new"
         self.created_ns = now_ns()
@@ -263,7 +325,7 @@ class PublisherSession(_PeerSession):
         if state == "connected":
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
-            self._notify("publisher_connected", self)
+            self._notify("publisher_connected", lambda o: o.publisher_connected(self))
         elif state in ("failed", "closed"):
             _later(self.close())
 
@@ -384,6 +446,16 @@ class PublisherSession(_PeerSession):
         if track.media_ssrc is not None:
             self._rtcp(rtcp.build_pli(self._rtcp_ssrc, track.media_ssrc))
 
+    def request_keyframe(self, kind: str) -> None:
+        """A keyframe of the ``kind`` track, for the stream (a ``hooks.KeyframeRequest``)."""
+        for track in self.tracks:
+            if track.kind == kind:
+                self.send_keyframe_request(track)
+
+    def _channel_opened(self, channel: ChannelHandle) -> None:
+        self._notify("publisher_data_channel",
+                     lambda o: o.publisher_data_channel(self, channel))
+
     # --- periodic -------------------------------------------------------------------------
 
     def _receiver_report(self) -> bytes | None:
@@ -458,14 +530,15 @@ class PublisherSession(_PeerSession):
 class ViewerSession(_PeerSession):
     """A WHEP viewer: silenced aiortc senders whose packets the relay writes itself.
 
-    Hook points for other features: :attr:`tracks` (kind -> :class:`ViewerOutput`, with
-    ``observers`` and ``sender_report_rewriter``), :attr:`pc` (create data channels on it when
-    :attr:`accepts_data_channel`), :attr:`data_channels` (channels the viewer opened, by label).
+    Observers see it as a ``hooks.ViewerHandle``: :attr:`outputs` (kind ->
+    :class:`ViewerOutput`, with ``observers`` and ``sender_report_rewriter``),
+    :attr:`accepts_data_channel`; channels the viewer opens reach them through
+    ``RelayObserver.viewer_data_channel`` (and stay in :attr:`data_channels`, by label).
     """
 
     def __init__(
         self,
-        stream: Stream,
+        stream: StreamSlot,
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
@@ -481,7 +554,7 @@ class ViewerSession(_PeerSession):
         self.pc = RTCPeerConnection(rtc_configuration())
         self.outputs: dict[str, ViewerOutput] = {}
         self.answer_sdp = ""  # what the WHEP response carries (set by negotiate)
-        self.data_channels: dict[str, RTCDataChannel] = {}
+        self.data_channels: dict[str, ChannelHandle] = {}
         self.accepts_data_channel = False
         self.state = "new"
         self.counters = SessionCounters()
@@ -493,6 +566,9 @@ class ViewerSession(_PeerSession):
         self._send_rtcp: Callable[[bytes], None] | None = None
         self._tasks = Tasks(f"viewer-{self.id[:8]}", log)
         self._connected_once = False
+
+    def _channel_opened(self, channel: ChannelHandle) -> None:
+        self._notify("viewer_data_channel", lambda o: o.viewer_data_channel(self, channel))
 
     def _pick_codec(self, m: sdpmod.MediaInfo) -> sdpmod.CodecInfo:
         current = self.stream.codecs.get(m.kind)
@@ -546,6 +622,7 @@ class ViewerSession(_PeerSession):
                 mid=m.mid,
                 rtx_payload_type=rtx_pt,
                 rtx_ssrc=rtx_ssrc if rtx_pt is not None else None,
+                clock_rate=codec.clock_rate,
             )
             # Random starting points (RFC 3550 §5.1), below 2^15 like aiortc's own senders to
             # keep early SRTP rollover guesses simple.
@@ -575,7 +652,7 @@ class ViewerSession(_PeerSession):
                 output.transmit = self._send_rtp
             self.stream.viewer_connected(self)
             self._tasks.start("rtcp", self._rtcp_loop())
-            self._notify("viewer_connected", self)
+            self._notify("viewer_connected", lambda o: o.viewer_connected(self))
         elif state in ("failed", "closed"):
             _later(self.close())
 
@@ -601,7 +678,11 @@ class ViewerSession(_PeerSession):
                     output = self._output_for(block.ssrc)
                     if output is not None:
                         output.last_report = block
-                        self._notify("viewer_receiver_report", self, output.kind, block)
+                        self._receiver_report_in(output.kind, block)
+
+    def _receiver_report_in(self, kind: str, block: rtcp.ReportBlock) -> None:
+        self._notify("viewer_receiver_report",
+                     lambda o: o.viewer_receiver_report(self, kind, block))
 
     def _output_for(self, ssrc: int) -> ViewerOutput | None:
         for output in self.outputs.values():
@@ -655,7 +736,7 @@ class ViewerSession(_PeerSession):
             output.transmit = None
         await self._tasks.stop()
         self.stream.viewer_closed(self)
-        self._notify("viewer_closed", self)
+        self._notify("viewer_closed", lambda o: o.viewer_closed(self))
         await adapter.close_peer(self.pc)
 
     def status(self) -> dict[str, Any]:

@@ -6,15 +6,14 @@ drops and comes back continues the same tracks (sequence numbers and timestamps 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sfu_sidecar import logs
 from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
+from sfu_sidecar.relay.hooks import KeyframeRequest
 from sfu_sidecar.relay.sdp import CodecInfo
-
-if TYPE_CHECKING:
-    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
 log = logs.get("relay.streams")
 
@@ -29,6 +28,7 @@ class Stream:
         self.codecs: dict[str, CodecInfo] = {}
         self.publishers_seen = 0
         self._on_empty = on_empty
+        self._request_keyframe: KeyframeRequest | None = None  # the live publisher's
 
     def forwarder(self, kind: str, codec: CodecInfo) -> TrackForwarder:
         fw = self.forwarders.get(kind)
@@ -45,15 +45,19 @@ class Stream:
                 fw.remove_output(output)
         return fw
 
-    def claim_publisher(self, session: PublisherSession) -> None:
+    def claim_publisher(
+        self, session: PublisherSession, request_keyframe: KeyframeRequest
+    ) -> None:
         if self.publisher is not None and not self.publisher.closed.is_set():
             raise Conflict(f"stream {self.name} already has a publisher")
         self.publisher = session
+        self._request_keyframe = request_keyframe
         self.publishers_seen += 1
 
     def publisher_closed(self, session: PublisherSession) -> None:
         if self.publisher is session:
             self.publisher = None
+            self._request_keyframe = None
         self._maybe_empty()
 
     def viewer_added(self, session: ViewerSession) -> None:
@@ -78,10 +82,8 @@ class Stream:
         fw = self.forwarders.get(output.kind)
         if fw is None or output not in fw.outputs:
             return
-        if fw.request_keyframe(now_ns, output) and self.publisher is not None:
-            for track in self.publisher.tracks:
-                if track.kind == output.kind:
-                    self.publisher.send_keyframe_request(track)
+        if fw.request_keyframe(now_ns, output) and self._request_keyframe is not None:
+            self._request_keyframe(output.kind)
 
     def _maybe_empty(self) -> None:
         if self.publisher is None and not self.viewers and self._on_empty is not None:

@@ -24,7 +24,15 @@ from aiohttp import web
 from sfu_sidecar import logs
 from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.metrics import Metrics
-from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, PacketInfo, RelayObserver, SenderReport
+from sfu_sidecar.relay.hooks import (
+    ABS_CAPTURE_TIME,
+    DataChannel,
+    PacketInfo,
+    PublisherHandle,
+    RelayObserver,
+    SenderReport,
+    ViewerHandle,
+)
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
 from sfu_sidecar.sync.mapping import CaptureTime, build_abs_capture_time
 from sfu_sidecar.sync.wire import (
@@ -43,11 +51,8 @@ from sfu_sidecar.sync.wire import (
 from sfu_sidecar.tasks import Tasks
 
 if TYPE_CHECKING:
-    from aiortc.rtcdatachannel import RTCDataChannel
-
     from sfu_sidecar.captions.service import CaptionService
     from sfu_sidecar.relay.service import RelayService
-    from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 
 log = logs.get("sync")
 
@@ -65,9 +70,9 @@ EPOCH_SETTLE_NS = 2_000_000_000
 
 @dataclass
 class _Viewer:
-    session: ViewerSession
+    session: ViewerHandle
     sync: ViewerSync
-    channel: RTCDataChannel | None = None
+    channel: DataChannel | None = None
     telemetry: Telemetry | None = None
     clock_report: ClockReport | None = None
     started_ns: int = 0
@@ -80,7 +85,7 @@ class _Publisher:
     # packet runs before the next packet arrives, so one entry per kind is the whole cache.
     last: dict[str, tuple[int, int, CaptureTime]] = field(default_factory=dict)
     publisher_id: str | None = None
-    channel: RTCDataChannel | None = None
+    channel: DataChannel | None = None
     clock_report: ClockReport | None = None
     first_frame: tuple[int, int] | None = None  # (RTP timestamp, arrival ns) of frame one
     epoch_fixed: bool = False
@@ -105,7 +110,7 @@ class SyncService(RelayObserver):
         self.publishers: dict[str, _Publisher] = {}
         self.viewers: dict[str, _Viewer] = {}
         # Channels that opened before their viewer's transport counted as connected.
-        self._pending_channels: dict[str, RTCDataChannel] = {}
+        self._pending_channels: dict[str, DataChannel] = {}
         self._tasks = Tasks("sync", log)
         self._messages = metrics.counter("sync_messages", "Messages sent on sync channels")
         self._bytes = metrics.counter("sync_bytes", "Bytes sent on sync channels")
@@ -154,8 +159,8 @@ class SyncService(RelayObserver):
             pub.publisher_id = publisher_id
         return pub
 
-    def publisher_connected(self, publisher: PublisherSession) -> None:
-        self._publisher_session(publisher.stream.name, publisher.id)
+    def publisher_connected(self, publisher: PublisherHandle) -> None:
+        self._publisher_session(publisher.stream_name, publisher.id)
 
     def publisher_packet(
         self, stream: str, publisher_id: str, packet: PacketInfo
@@ -207,32 +212,31 @@ class SyncService(RelayObserver):
             log.warning("stream %s %s: sender reports not used, capture time from arrival: %s",
                         stream, kind, mapping.sr_distrust)
 
-    def data_channel(
-        self, session: PublisherSession | ViewerSession, channel: RTCDataChannel
-    ) -> None:
+    def publisher_data_channel(self, publisher: PublisherHandle, channel: DataChannel) -> None:
         if channel.label != CHANNEL_LABEL:
             return
-        from sfu_sidecar.relay.session import PublisherSession
+        pub = self._publisher_session(publisher.stream_name, publisher.id)
+        pub.channel = channel
+        channel.on_message(lambda data: self._on_publisher_message(pub, channel, data))
 
-        if isinstance(session, PublisherSession):
-            pub = self._publisher_session(session.stream.name, session.id)
-            pub.channel = channel
-            channel.on("message", lambda data: self._on_publisher_message(pub, channel, data))
-        else:
-            self._pending_channels[session.id] = channel
-            channel.on("message", lambda data: self._on_viewer_message(session.id, channel, data))
+    def viewer_data_channel(self, viewer: ViewerHandle, channel: DataChannel) -> None:
+        if channel.label != CHANNEL_LABEL:
+            return
+        viewer_id = viewer.id
+        self._pending_channels[viewer_id] = channel
+        channel.on_message(lambda data: self._on_viewer_message(viewer_id, channel, data))
 
-    def viewer_connected(self, viewer: ViewerSession) -> None:
+    def viewer_connected(self, viewer: ViewerHandle) -> None:
         entry = _Viewer(viewer, ViewerSync(), started_ns=self.now_ns())
-        stream = viewer.stream.name
+        stream = viewer.stream_name
         for kind, output in viewer.outputs.items():
-            entry.sync.add_track(kind, output.config.mid or "")
+            entry.sync.add_track(kind, output.mid or "")
             output.observers.append(self._forwarded_observer(entry, stream, kind))
             output.sender_report_rewriter = self._sr_rewriter(entry, kind)
         self.viewers[viewer.id] = entry
         self._catch_up(entry, stream)
 
-    def viewer_closed(self, viewer: ViewerSession) -> None:
+    def viewer_closed(self, viewer: ViewerHandle) -> None:
         self._pending_channels.pop(viewer.id, None)
         entry = self.viewers.pop(viewer.id, None)
         if entry is not None:
@@ -304,21 +308,21 @@ class SyncService(RelayObserver):
                 control = control_from_map(event.message())
                 assert isinstance(control, Epoch | Cue | CueRetract)
                 for entry in self.viewers.values():
-                    if entry.session.stream.name == control.stream:
+                    if entry.session.stream_name == control.stream:
                         entry.sync.batcher.add_control(control)
         finally:
             subscription.close()
 
     # --- channel I/O ----------------------------------------------------------------------
 
-    def _attach(self, entry: _Viewer) -> RTCDataChannel | None:
+    def _attach(self, entry: _Viewer) -> DataChannel | None:
         if entry.channel is None:
             entry.channel = self._pending_channels.pop(entry.session.id, None)
-        if entry.channel is None or entry.channel.readyState != "open":
+        if entry.channel is None or entry.channel.ready_state != "open":
             return None
         return entry.channel
 
-    def _receive(self, channel: RTCDataChannel, data: Any, who: str) -> ControlMessage | None:
+    def _receive(self, channel: DataChannel, data: Any, who: str) -> ControlMessage | None:
         """Decode one message from a peer and answer a clock join at once; the control
         message is returned for the caller to act on, None when it was bad or handled."""
         t2 = self.now_ns()
@@ -334,13 +338,13 @@ class SyncService(RelayObserver):
             return None  # peers send control messages only; batches from them are ignored
         if isinstance(message.message, ClockReq):
             reply = ControlMessage(ClockResp(t1=message.message.t1, t2=t2, t3=self.now_ns()))
-            if channel.readyState == "open":
+            if channel.ready_state == "open":
                 channel.send(reply.serialize())
                 self._joins.inc()
             return None
         return message
 
-    def _on_viewer_message(self, viewer_id: str, channel: RTCDataChannel, data: Any) -> None:
+    def _on_viewer_message(self, viewer_id: str, channel: DataChannel, data: Any) -> None:
         message = self._receive(channel, data, f"viewer {viewer_id[:8]}")
         entry = self.viewers.get(viewer_id)
         if message is None or entry is None:
@@ -351,7 +355,7 @@ class SyncService(RelayObserver):
         elif isinstance(control, Telemetry):
             entry.telemetry = control
 
-    def _on_publisher_message(self, pub: _Publisher, channel: RTCDataChannel, data: Any) -> None:
+    def _on_publisher_message(self, pub: _Publisher, channel: DataChannel, data: Any) -> None:
         message = self._receive(channel, data, f"publisher {(pub.publisher_id or '?')[:8]}")
         if message is not None and isinstance(message.message, ClockReport):
             # The publisher measured house - its clock: its capture stamps map exactly.
@@ -368,7 +372,7 @@ class SyncService(RelayObserver):
             if channel is None:
                 continue
             try:
-                raw = entry.sync.poll(now, channel.bufferedAmount)
+                raw = entry.sync.poll(now, channel.buffered_amount)
                 if raw is not None:
                     channel.send(raw)
                     self._messages.inc()
@@ -389,8 +393,8 @@ class SyncService(RelayObserver):
         elapsed_s = max((now_ns - entry.started_ns) / 1e9, 1e-9)
         return {
             "id": entry.session.id,
-            "stream": entry.session.stream.name,
-            "channel": entry.channel.readyState if entry.channel is not None else None,
+            "stream": entry.session.stream_name,
+            "channel": entry.channel.ready_state if entry.channel is not None else None,
             "messages": stats.messages,
             "bytes": stats.bytes,
             "records": stats.records,
