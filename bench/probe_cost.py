@@ -143,9 +143,11 @@ class Pipeline:
         if pkt.payload_type == 96:
             self.nack.add(pkt.sequence_number, arrival_ns)
         fw = self.forwarders[pkt.payload_type]
-        for i, (_output, out) in enumerate(fw.push(pkt, arrival_ns, arrival_ns, self.hook)):
+        copies, observations = fw.push(pkt, arrival_ns, arrival_ns, self.hook)
+        for i, (_output, out) in enumerate(copies):
             self.sock.sendto(self.tx[i].protect(out), self.sink)
-        fw.notify_observers()
+        if observations is not None:
+            observations.deliver()
 
     def join(self) -> None:
         # The synthetic publisher joined the house clock, as the demo's does: capture times

@@ -213,6 +213,32 @@ class ViewerOutput:
         )
 
 
+@dataclass(slots=True)
+class Observations:
+    """The viewers' packet observers still to run for one pushed packet.
+
+    Returned by :meth:`TrackForwarder.push` rather than run there, so the caller sends every
+    copy first: observer work (sync records) then adds nothing to any viewer's forwarding
+    latency.
+    """
+
+    info: PacketInfo
+    due: list[tuple[ViewerOutput, int]]  # (output, the RTP timestamp that viewer received)
+
+    def deliver(self) -> None:
+        info = self.info
+        for output, viewer_ts in self.due:
+            for observer in output.observers:
+                try:
+                    observer(info, viewer_ts)
+                except Exception as exc:  # one broken observer must not stop fan-out
+                    output.observer_errors += 1
+                    output.last_observer_error = exc
+
+
+Copies = list[tuple[ViewerOutput, bytes]]
+
+
 class TrackForwarder:
     """Fan-out of one track of one stream, kept across publisher reconnects."""
 
@@ -240,7 +266,6 @@ class TrackForwarder:
         self._last_keyframe_request_ns: int | None = None
         self.last_sender_report: SenderReport | None = None
         self._ids: dict[int, dict[str, int]] = {}  # epoch -> uri -> publisher (or pseudo) id
-        self._observed: tuple[PacketInfo | None, list[tuple[ViewerOutput, int]]] | None = None
 
     # --- publisher side -------------------------------------------------------------------
 
@@ -284,8 +309,9 @@ class TrackForwarder:
     def push(
         self, pkt: RtpPacket, arrival_ns: int, now_ns: int,
         on_packet: PacketWriter | None = None,
-    ) -> list[tuple[ViewerOutput, bytes]]:
-        """Cache one publisher packet and return what each started viewer must be sent.
+    ) -> tuple[Copies, Observations | None]:
+        """Cache one publisher packet; return what each started viewer must be sent, and the
+        viewers' observers to run once it is sent (None when no viewer has one).
 
         ``on_packet`` sees the packet once, before any viewer's observers do (publisher-level
         state such as the capture-time mapping is then current for all of them); header
@@ -294,7 +320,7 @@ class TrackForwarder:
         if pkt.ssrc != self._source_ssrc:
             if not self._awaiting_source:
                 self.foreign_packets += 1
-                return []
+                return [], None
             self._rebase(pkt, arrival_ns)
         seq = (pkt.sequence_number + self._seq_delta) & 0xFFFF
         ts = (pkt.timestamp + self._ts_delta) & 0xFFFFFFFF
@@ -321,7 +347,7 @@ class TrackForwarder:
             self._last_ts = ts
             self._last_arrival_ns = arrival_ns
         blocks: dict[object, bytes] = {}
-        out: list[tuple[ViewerOutput, bytes]] = []
+        out: Copies = []
         observed: list[tuple[ViewerOutput, int]] = []
         for output in self.outputs:
             if not output.started:
@@ -335,27 +361,10 @@ class TrackForwarder:
                 if info is None:
                     info = self._info(pkt, keyframe, arrival_ns, uris)
                 observed.append((output, (ts + output.ts_offset) & 0xFFFFFFFF))
-        self._observed = (info, observed) if observed else None
-        return out
-
-    def notify_observers(self) -> None:
-        """Run the viewers' packet observers for the packet :meth:`push` just returned.
-
-        Separate from ``push`` so the caller sends every copy first: observer work (sync
-        records) then adds nothing to any viewer's forwarding latency.
-        """
-        pending, self._observed = self._observed, None
-        if pending is None:
-            return
-        info, observed = pending
+        if not observed:
+            return out, None
         assert info is not None
-        for output, viewer_ts in observed:
-            for observer in output.observers:
-                try:
-                    observer(info, viewer_ts)
-                except Exception as exc:  # one broken observer must not stop fan-out
-                    output.observer_errors += 1
-                    output.last_observer_error = exc
+        return out, Observations(info, observed)
 
     def _write_extensions(
         self, extensions: RtpExtensions, written: Mapping[str, bytes]

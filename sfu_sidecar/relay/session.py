@@ -378,7 +378,8 @@ class PublisherSession(_PeerSession):
                 track._window_octets = 0
         on_packet = self._publisher_packet if self._packet_observers else None
         forwarder = track.forwarder
-        for output, out in forwarder.push(pkt, arrival_ns, arrival_ns, on_packet):
+        copies, observations = forwarder.push(pkt, arrival_ns, arrival_ns, on_packet)
+        for output, out in copies:
             transmit = output.transmit
             if transmit is None:
                 continue
@@ -388,7 +389,8 @@ class PublisherSession(_PeerSession):
                 self.counters.send_errors += 1
                 output.send_errors += 1
         self.counters.latency_ns.append(time.perf_counter_ns() - started)
-        forwarder.notify_observers()  # after every copy left: observers add no latency
+        if observations is not None:
+            observations.deliver()  # after every copy left: observers add no latency
 
     def _publisher_packet(self, info: PacketInfo) -> Mapping[str, bytes] | None:
         written: dict[str, bytes] = {}

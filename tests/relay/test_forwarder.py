@@ -54,9 +54,10 @@ def forwarder(kind: str = "video") -> TrackForwarder:
 
 
 def sent(fw: TrackForwarder, p: RtpPacket, now: int = 0) -> dict[str, RtpPacket]:
-    out = {o.viewer_id: RtpPacket.parse(data) for o, data in fw.push(p, now, now)}
-    fw.notify_observers()  # as the session does once every copy is sent
-    return out
+    copies, observations = fw.push(p, now, now)
+    if observations is not None:
+        observations.deliver()  # as the session does once every copy is sent
+    return {o.viewer_id: RtpPacket.parse(data) for o, data in copies}
 
 
 def test_each_viewer_gets_its_own_ssrc_pt_offsets_and_extension_ids() -> None:
@@ -213,7 +214,7 @@ def test_a_publisher_hook_writes_extensions_into_every_copy() -> None:
     fw.add_output(output("a"))
     fw.add_output(output("b"))
     out = {o.viewer_id: RtpPacket.parse(d)
-           for o, d in fw.push(pkt(1, 100, KEY), 0, 0, lambda info: {ABS_CAPTURE_TIME: value})}
+           for o, d in fw.push(pkt(1, 100, KEY), 0, 0, lambda info: {ABS_CAPTURE_TIME: value})[0]}
     for copy in out.values():
         # Replaces the publisher's value (id 5 upstream) under the viewer's id 7.
         assert dict(copy.extensions)[7] == value
@@ -222,5 +223,26 @@ def test_a_publisher_hook_writes_extensions_into_every_copy() -> None:
     bare = TrackForwarder("video", "vp8", 90000)
     bare.set_source({1: SDES_MID}, "vp8", 90000)
     bare.add_output(output("c"))
-    (_, data), = bare.push(pkt(1, 100, KEY), 0, 0, lambda info: {ABS_CAPTURE_TIME: value})
+    ((_, data),), _ = bare.push(pkt(1, 100, KEY), 0, 0, lambda info: {ABS_CAPTURE_TIME: value})
     assert dict(RtpPacket.parse(data).extensions)[7] == value
+
+
+def test_each_push_returns_its_own_observations_so_none_are_lost() -> None:
+    fw = forwarder("video")
+    watched = output("a", seq_base=0, ts_base=0)
+    seen: list[tuple[int, int]] = []
+    watched.observers.append(lambda info, viewer_ts: seen.append((info.sequence_number,
+                                                                  viewer_ts)))
+    fw.add_output(watched)
+    fw.add_output(output("b"))  # no observers: nothing to deliver for it
+    first_copies, first = fw.push(pkt(1, 100, KEY), 0, 0)
+    second_copies, second = fw.push(pkt(2, 100), 0, 0)
+    assert len(first_copies) == len(second_copies) == 2
+    assert first is not None and second is not None
+    assert seen == []  # nothing runs before the caller has sent the copies
+    second.deliver()
+    first.deliver()
+    assert seen == [(2, 0), (1, 0)]
+    unwatched = forwarder("video")
+    unwatched.add_output(output("c"))
+    assert unwatched.push(pkt(1, 100, KEY), 0, 0)[1] is None
