@@ -6,6 +6,8 @@ Modules, pure cores first:
 * ``rtcp``    the RTCP the relay reads and writes (SR with both clock halves, RR, NACK, PLI...)
 * ``forwarder`` per-track fan-out: per-viewer rewrite, NACK cache, keyframe throttle
 * ``upstream`` receiver statistics and NACK decisions towards the publisher
+* ``receiver`` a publisher's receive path without I/O: RTP/RTCP bytes in; copies, observations
+  and RTCP for the publisher out
 * ``sdp``     offer checks, negotiated-media summaries, trickle fragments
 * ``hooks``   the public seam: observer hooks and the handles they get (publisher, viewer,
   viewer track, data channel, keyframe request), packets, sender reports

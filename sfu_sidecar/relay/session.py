@@ -12,9 +12,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aiortc import (
@@ -31,18 +29,15 @@ from aiortc.rtcrtpparameters import RTCRtpCodecCapability
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotAcceptable
-from sfu_sidecar.ntptime import middle32
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutput
 from sfu_sidecar.relay.hooks import (
-    ABS_SEND_TIME,
     PacketInfo,
     RelayObserver,
-    SenderReport,
 )
-from sfu_sidecar.relay.packet import RtpPacket, RtpParseError, unwrap_rtx
+from sfu_sidecar.relay.receiver import PublisherReceiver, PublisherTrack, SessionCounters
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 from sfu_sidecar.tasks import Tasks
 
@@ -51,7 +46,6 @@ log = logs.get("relay.session")
 TICK_S = 0.05  # NACK retries and keyframe requests are decided this often
 RTCP_INTERVAL_NS = 1_000_000_000  # RR/SR about once a second (RFC 3550 §6.2 minimum is 5 s;
 # WebRTC stacks report every second, and lip sync in browsers waits for the first SR)
-LATENCY_SAMPLES = 8192
 
 
 _closing = Tasks("session", log)  # closes started from aiortc callbacks, which cannot await
@@ -147,38 +141,6 @@ class IdleTrack(MediaStreamTrack):
         await asyncio.Event().wait()
 
 
-@dataclass(eq=False)
-class PublisherTrack:
-    """One incoming track of a publisher session."""
-
-    kind: str
-    mid: str | None
-    codec: sdpmod.CodecInfo
-    rtx_payload_type: int | None
-    forwarder: TrackForwarder
-    stats: ReceiveStatistics
-    nack: NackGenerator | None
-    extensions: dict[str, int]
-    rtx_ssrcs: dict[int, int]
-    media_ssrc: int | None = None
-    rtx_packets: int = 0
-    last_sr: SenderReport | None = None
-    last_sr_arrival_ns: int = 0
-    bitrate_bps: float = 0.0
-    _window_octets: int = 0
-    _window_start_ns: int = 0
-
-
-@dataclass
-class SessionCounters:
-    parse_errors: int = 0
-    unknown_payload: int = 0
-    send_errors: int = 0
-    rtcp_errors: int = 0
-    observer_errors: int = 0
-    latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
-
-
 class _PeerSession:
     """What publisher and viewer sessions share: trickle ICE, data channels, observer calls."""
 
@@ -241,7 +203,6 @@ class PublisherSession(_PeerSession):
         self.now_ns = now_ns
         self.observers = observers
         self.pc = RTCPeerConnection(rtc_configuration())
-        self.tracks: list[PublisherTrack] = []
         self.answer_sdp = ""  # what the WHIP response carries (set by negotiate)
         self.data_channels: dict[str, ChannelHandle] = {}
         self.counters = SessionCounters()
@@ -250,17 +211,23 @@ class PublisherSession(_PeerSession):
         self.ice_ufrag: str | None = None
         self.ice_pwd: str | None = None
         self.closed = asyncio.Event()
-        self._routes: dict[int, tuple[PublisherTrack, bool]] = {}
         self._send_rtcp: Callable[[bytes], None] | None = None
-        self._rtcp_ssrc = 0
         self._last_packet_mono = time.monotonic()
         self._tasks = Tasks(f"publisher-{self.id[:8]}", log)
-        self._remb: Any = None
         # Only observers that override publisher_packet cost anything per packet.
         self._packet_observers = [
             o for o in observers
             if type(o).publisher_packet is not RelayObserver.publisher_packet
         ]
+        # The receive logic; until the answer names our SSRC and tracks, it forwards nothing.
+        self.receiver = PublisherReceiver(
+            0, self.counters,
+            on_packet=self._publisher_packet if self._packet_observers else None,
+        )
+
+    @property
+    def tracks(self) -> list[PublisherTrack]:
+        return self.receiver.tracks
 
     async def negotiate(self, offer_text: str) -> str:
         offer = sdpmod.parse(offer_text, what="offer")
@@ -285,8 +252,8 @@ class PublisherSession(_PeerSession):
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         answer_text = self.pc.localDescription.sdp
         answer = sdpmod.parse(answer_text, what="answer")
-        self._rtcp_ssrc = adapter.rtcp_ssrc(self.pc)
-        self._remb = adapter.RemoteBitrateEstimator()
+        self.receiver.rtcp_ssrc = adapter.rtcp_ssrc(self.pc)
+        self.receiver.bitrate = adapter.RemoteBitrateEstimator()
         for m_offer, m in zip(offer.media, answer.media, strict=True):
             codec = m.primary
             forwarder = self.stream.forwarder(m.kind, codec)
@@ -305,10 +272,7 @@ class PublisherSession(_PeerSession):
             track.media_ssrc = ssrcs[0] if ssrcs else None
             forwarder.set_source({i: u for u, i in m.extensions.items()}, codec.name,
                                  codec.clock_rate)
-            self.tracks.append(track)
-            self._routes[codec.payload_type] = (track, False)
-            if track.rtx_payload_type is not None:
-                self._routes[track.rtx_payload_type] = (track, True)
+            self.receiver.add_track(track)
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
@@ -334,51 +298,11 @@ class PublisherSession(_PeerSession):
     def _on_rtp(self, data: bytes, arrival_ms: int) -> None:
         started = time.perf_counter_ns()
         self._last_packet_mono = time.monotonic()
-        arrival_ns = self.now_ns()
-        try:
-            pkt = RtpPacket.parse(data)
-        except RtpParseError:
-            self.counters.parse_errors += 1
+        received = self.receiver.receive_rtp(data, self.now_ns(), arrival_ms)
+        self._flush_rtcp()  # a NACK for a gap this packet revealed goes first
+        if received is None:
             return
-        route = self._routes.get(pkt.payload_type)
-        if route is None:
-            self.counters.unknown_payload += 1
-            return
-        track, is_rtx = route
-        if is_rtx:
-            media_ssrc = track.rtx_ssrcs.get(pkt.ssrc, track.media_ssrc)
-            if media_ssrc is None or not pkt.payload:
-                return  # padding-only RTX (bandwidth probes) carries nothing to forward
-            try:
-                osn, payload = unwrap_rtx(pkt.payload)
-            except RtpParseError:
-                self.counters.parse_errors += 1
-                return
-            track.rtx_packets += 1
-            pkt = RtpPacket(track.codec.payload_type, osn, pkt.timestamp, media_ssrc,
-                            pkt.marker, payload, pkt.extensions, pkt.csrcs)
-            if track.nack is not None:
-                track.nack.add(osn, arrival_ns)
-        else:
-            if track.media_ssrc != pkt.ssrc and not track.stats.started:
-                # The first media packet decides (offers need not signal SSRCs, RFC 8843).
-                track.media_ssrc = pkt.ssrc
-            track.stats.add(pkt.sequence_number, pkt.timestamp, arrival_ns)
-            if track.nack is not None:
-                lost = track.nack.add(pkt.sequence_number, arrival_ns)
-                if lost:
-                    self._rtcp(rtcp.build_nack(self._rtcp_ssrc, pkt.ssrc, lost))
-            self._feed_remb(track, pkt, arrival_ms)
-            track._window_octets += len(data)
-            if arrival_ns - track._window_start_ns >= 1_000_000_000:
-                if track._window_start_ns:
-                    span = arrival_ns - track._window_start_ns
-                    track.bitrate_bps = track._window_octets * 8e9 / span
-                track._window_start_ns = arrival_ns
-                track._window_octets = 0
-        on_packet = self._publisher_packet if self._packet_observers else None
-        forwarder = track.forwarder
-        copies, observations = forwarder.push(pkt, arrival_ns, arrival_ns, on_packet)
+        copies, observations = received
         for output, out in copies:
             transmit = output.transmit
             if transmit is None:
@@ -404,55 +328,25 @@ class PublisherSession(_PeerSession):
                 written.update(values)
         return written
 
-    def _feed_remb(self, track: PublisherTrack, pkt: RtpPacket, arrival_ms: int) -> None:
-        ext_id = track.extensions.get(ABS_SEND_TIME)
-        if ext_id is None:
-            return
-        for i, value in pkt.extensions:
-            if i == ext_id and len(value) == 3:
-                remb = self._remb.add(
-                    arrival_time_ms=arrival_ms,
-                    abs_send_time=int.from_bytes(value, "big"),
-                    payload_size=len(pkt.payload),
-                    ssrc=pkt.ssrc,
-                )
-                if remb is not None:
-                    bitrate, ssrcs = remb
-                    self._rtcp(rtcp.build_remb(self._rtcp_ssrc, int(bitrate), list(ssrcs)))
-                return
-
     def _on_rtcp(self, data: bytes) -> None:
-        arrival_ns = self.now_ns()
-        for msg in self._parse_rtcp(data, arrival_ns):
-            if isinstance(msg, rtcp.SenderReportPacket):
-                for track in self.tracks:
-                    if track.media_ssrc == msg.ssrc:
-                        track.last_sr = msg.info
-                        track.last_sr_arrival_ns = arrival_ns
-                        track.forwarder.note_sender_report(msg.ssrc, msg.info)
-                        for observer in self.observers:
-                            try:
-                                observer.publisher_sender_report(
-                                    self.stream.name, track.kind, msg.info
-                                )
-                            except Exception:
-                                log.exception("observer failed on a sender report")
+        for track, report in self.receiver.receive_rtcp(data, self.now_ns()):
+            for observer in self.observers:
+                try:
+                    observer.publisher_sender_report(self.stream.name, track.kind, report)
+                except Exception:
+                    log.exception("observer failed on a sender report")
 
-    def _rtcp(self, data: bytes) -> None:
-        if self._send_rtcp is None:
-            return
-        with contextlib.suppress(ConnectionError):
-            self._send_rtcp(data)
-
-    def send_keyframe_request(self, track: PublisherTrack) -> None:
-        if track.media_ssrc is not None:
-            self._rtcp(rtcp.build_pli(self._rtcp_ssrc, track.media_ssrc))
+    def _flush_rtcp(self) -> None:
+        for data in self.receiver.data_to_send():
+            if self._send_rtcp is None:
+                continue  # no transport yet: the feedback is dropped
+            with contextlib.suppress(ConnectionError):
+                self._send_rtcp(data)
 
     def request_keyframe(self, kind: str) -> None:
         """A keyframe of the ``kind`` track, for the stream (a ``hooks.KeyframeRequest``)."""
-        for track in self.tracks:
-            if track.kind == kind:
-                self.send_keyframe_request(track)
+        self.receiver.request_keyframe(kind)
+        self._flush_rtcp()
 
     def _channel_opened(self, channel: ChannelHandle) -> None:
         self._notify("publisher_data_channel",
@@ -460,38 +354,18 @@ class PublisherSession(_PeerSession):
 
     # --- periodic -------------------------------------------------------------------------
 
-    def _receiver_report(self) -> bytes | None:
-        now = self.now_ns()
-        blocks = []
-        for track in self.tracks:
-            if track.media_ssrc is None or not track.stats.started:
-                continue
-            lsr = dlsr = 0
-            if track.last_sr is not None:
-                lsr = middle32(track.last_sr.ntp_timestamp)
-                dlsr = max(0, (now - track.last_sr_arrival_ns) * 65536 // 1_000_000_000)
-            blocks.append((track.media_ssrc, track.stats.report(), lsr, dlsr & 0xFFFFFFFF))
-        return rtcp.build_rr(self._rtcp_ssrc, blocks) if blocks else None
-
     async def _tick(self) -> None:
         next_report = 0
         timeout_s = self.settings.publisher_timeout_s
         while not self.closed.is_set():
             await asyncio.sleep(TICK_S)
             now = self.now_ns()
-            for track in self.tracks:
-                if track.nack is not None and track.media_ssrc is not None:
-                    due = track.nack.due(now)
-                    if due:
-                        self._rtcp(rtcp.build_nack(self._rtcp_ssrc, track.media_ssrc, due))
-                if track.forwarder.keyframe_due(now):
-                    self.send_keyframe_request(track)
+            self.receiver.tick(now)
             mono = time.monotonic_ns()
             if mono >= next_report:
                 next_report = mono + int(RTCP_INTERVAL_NS * (0.5 + random.random()))
-                report = self._receiver_report()
-                if report is not None:
-                    self._rtcp(report)
+                self.receiver.receiver_report(now)
+            self._flush_rtcp()
             if time.monotonic() - self._last_packet_mono > timeout_s:
                 log.info("publisher %s on %s: no media for %.0f s, dropping", self.id[:8],
                          self.stream.name, timeout_s)
