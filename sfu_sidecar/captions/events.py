@@ -5,12 +5,12 @@ implementation (one bounded queue per subscriber). A networked bus (Redis pub/su
 replace it without touching the publisher (the caption service) or the subscribers (the sync
 DataChannel).
 
-Message shapes (what :meth:`message` returns, times in stream seconds):
+The events, defined once here and carried as they are by the sync wire format (``sync/wire.py``
+control messages, spec ``proto/sync.md``), times in stream seconds:
 
-* ``{"type": "cue", "stream", "lang", "id", "start", "end", "text", "final"}`` - a cue was
-  added or changed (the same id replaces what a viewer holds);
-* ``{"type": "cue_retract", "stream", "lang", "id"}`` - drop the cue;
-* ``{"type": "epoch", "stream", "epoch_ns"}`` - the stream's epoch was fixed (once per stream).
+* :class:`Cue` - a cue was added or changed (the same id replaces what a viewer holds);
+* :class:`CueRetract` - drop the cue;
+* :class:`Epoch` - the stream's epoch was fixed (once per stream).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import ClassVar, Protocol
 
 from sfu_sidecar import logs
 
@@ -26,7 +26,18 @@ log = logs.get("captions.events")
 
 
 @dataclass(frozen=True, slots=True)
-class CueEvent:
+class Epoch:
+    """The stream's epoch: stream time 0 in house ns (docs/architecture.md, timelines)."""
+
+    stream: str
+    epoch_ns: int
+    type: ClassVar[str] = "epoch"
+
+
+@dataclass(frozen=True, slots=True)
+class Cue:
+    """Caption cue add or update (same ``id`` replaces); times in stream seconds."""
+
     stream: str
     lang: str
     id: str
@@ -34,34 +45,20 @@ class CueEvent:
     end: float
     text: str
     final: bool
-
-    def message(self) -> dict[str, Any]:
-        return {
-            "type": "cue", "stream": self.stream, "lang": self.lang, "id": self.id,
-            "start": self.start, "end": self.end, "text": self.text, "final": self.final,
-        }
+    type: ClassVar[str] = "cue"
 
 
 @dataclass(frozen=True, slots=True)
-class CueRetractEvent:
+class CueRetract:
+    """Drop the cue ``id`` of ``lang``."""
+
     stream: str
     lang: str
     id: str
-
-    def message(self) -> dict[str, Any]:
-        return {"type": "cue_retract", "stream": self.stream, "lang": self.lang, "id": self.id}
+    type: ClassVar[str] = "cue_retract"
 
 
-@dataclass(frozen=True, slots=True)
-class EpochEvent:
-    stream: str
-    epoch_ns: int
-
-    def message(self) -> dict[str, Any]:
-        return {"type": "epoch", "stream": self.stream, "epoch_ns": self.epoch_ns}
-
-
-CaptionEvent = CueEvent | CueRetractEvent | EpochEvent
+CaptionEvent = Cue | CueRetract | Epoch
 
 
 class SubscriptionLost(Exception):
@@ -117,7 +114,7 @@ class LocalSubscription:
             if self.lost:
                 raise SubscriptionLost("subscriber fell behind; events were dropped")
             raise StopAsyncIteration
-        assert isinstance(item, CueEvent | CueRetractEvent | EpochEvent)
+        assert isinstance(item, Cue | CueRetract | Epoch)
         return item
 
     def __aiter__(self) -> AsyncIterator[CaptionEvent]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfu_sidecar.captions import webvtt
+from sfu_sidecar.captions.events import Cue, CueRetract
 from sfu_sidecar.exceptions import BadInput, PayloadTooLarge, Unprocessable
 
 MAX_CUES_PER_REQUEST = 500
@@ -58,6 +59,16 @@ class StoredCue:
     @property
     def end(self) -> float:
         return webvtt.seconds_from_ms(self.end_ms)
+
+    def cue_event(self) -> Cue:
+        """The live event of this cue as it now stands (its text, times and finality)."""
+        return Cue(self.stream, self.lang, self.id, self.start, self.end, self.text, self.final)
+
+    def event(self) -> Cue | CueRetract:
+        """The live event this record causes: the cue, or its retraction."""
+        if self.deleted:
+            return CueRetract(self.stream, self.lang, self.id)
+        return self.cue_event()
 
     def same_content(self, other: StoredCue) -> bool:
         return (

@@ -28,9 +28,8 @@ from sfu_sidecar import logs
 from sfu_sidecar.captions import chunks
 from sfu_sidecar.captions.events import (
     CaptionEvents,
-    CueEvent,
-    CueRetractEvent,
-    EpochEvent,
+    Cue,
+    Epoch,
     LocalEvents,
 )
 from sfu_sidecar.captions.model import (
@@ -166,7 +165,7 @@ class CaptionService:
         self._epochs[stream] = epoch_ns
         self._epochs_unsaved[stream] = (epoch_ns, source)
         log.info("stream %s epoch %d (%s)", stream, epoch_ns, source)
-        self.events.publish(EpochEvent(stream, epoch_ns))
+        self.events.publish(Epoch(stream, epoch_ns))
 
     def stream_now_ms(self, stream: str) -> int:
         """Stream time now (ms since the epoch); NotFound before the epoch is fixed."""
@@ -312,12 +311,7 @@ class CaptionService:
             self._live_cache.pop((cue.stream, cue.lang, n), None)
         if not publish:
             return
-        if cue.deleted:
-            self.events.publish(CueRetractEvent(cue.stream, cue.lang, cue.id))
-        else:
-            self.events.publish(
-                CueEvent(cue.stream, cue.lang, cue.id, cue.start, cue.end, cue.text, cue.final)
-            )
+        self.events.publish(cue.event())
 
     # --- reads -----------------------------------------------------------------------------
 
@@ -325,19 +319,15 @@ class CaptionService:
         track = self._tracks.get((stream, lang))
         return [] if track is None else track.between(start_ms, end_ms)
 
-    def snapshot(self, stream: str, start_s: float, end_s: float) -> list[dict[str, Any]]:
-        """``cue`` messages (event shape) for every cue of ``stream``, all languages, displayed
-        in [start_s, end_s): what a viewer joining late needs before the live events."""
+    def snapshot(self, stream: str, start_s: float, end_s: float) -> list[Cue]:
+        """Cue events for every cue of ``stream``, all languages, displayed in
+        [start_s, end_s): what a viewer joining late needs before the live events."""
         start_ms, end_ms = round(start_s * 1000), round(end_s * 1000)
         out = []
         for (s, _lang), track in sorted(self._tracks.items()):
             if s == stream:
                 for cue in track.between(start_ms, end_ms):
-                    out.append(
-                        CueEvent(
-                            cue.stream, cue.lang, cue.id, cue.start, cue.end, cue.text, cue.final
-                        ).message()
-                    )
+                    out.append(cue.cue_event())
         return out
 
     def languages(self, stream: str) -> list[str]:

@@ -40,12 +40,9 @@ from sfu_sidecar.sync.wire import (
     ClockReq,
     ClockResp,
     ControlMessage,
-    Cue,
-    CueRetract,
     Epoch,
     SyncWireError,
     Telemetry,
-    control_from_map,
     parse_message,
 )
 from sfu_sidecar.tasks import Tasks
@@ -295,21 +292,16 @@ class SyncService(RelayObserver):
         end_ms = now_ms + int(CATCH_UP_AHEAD_S * 1000)
         for lang in self.captions.languages(stream):
             for cue in self.captions.cues_between(stream, lang, start_ms, end_ms):
-                entry.sync.batcher.add_control(
-                    Cue(stream=stream, lang=lang, id=cue.id, start=cue.start, end=cue.end,
-                        text=cue.text, final=cue.final)
-                )
+                entry.sync.batcher.add_control(cue.cue_event())
 
     async def _caption_loop(self) -> None:
         assert self.captions is not None
         subscription = self.captions.events.subscribe()
         try:
-            async for event in subscription:
-                control = control_from_map(event.message())
-                assert isinstance(control, Epoch | Cue | CueRetract)
+            async for event in subscription:  # caption events are sync control messages
                 for entry in self.viewers.values():
-                    if entry.session.stream_name == control.stream:
-                        entry.sync.batcher.add_control(control)
+                    if entry.session.stream_name == event.stream:
+                        entry.sync.batcher.add_control(event)
         finally:
             subscription.close()
 

@@ -24,6 +24,9 @@ from typing import Any, ClassVar
 import msgpack
 
 # Clock-join messages are defined once, in the clock package; re-exported as control messages.
+from sfu_sidecar.captions.events import Cue as Cue
+from sfu_sidecar.captions.events import CueRetract as CueRetract
+from sfu_sidecar.captions.events import Epoch as Epoch
 from sfu_sidecar.clock.exchange import ClockReport as ClockReport
 from sfu_sidecar.clock.exchange import ClockReq as ClockReq
 from sfu_sidecar.clock.exchange import ClockResp as ClockResp
@@ -286,37 +289,6 @@ class FrameRecord:
 # Field schemas: name -> python type. Order is the serialisation order (after "type"), so the
 # bytes are canonical and the JS codec reproduces them exactly.
 _STR, _INT, _FLOAT, _BOOL = str, int, float, bool
-
-
-@dataclass(frozen=True, slots=True)
-class Epoch:
-    """The stream's epoch: stream time 0 in house ns (docs/architecture.md, timelines)."""
-
-    stream: str
-    epoch_ns: int
-    type: ClassVar[str] = "epoch"
-
-
-@dataclass(frozen=True, slots=True)
-class Cue:
-    """Caption cue add or update (same ``id`` replaces); times in stream seconds."""
-
-    stream: str
-    lang: str
-    id: str
-    start: float
-    end: float
-    text: str
-    final: bool
-    type: ClassVar[str] = "cue"
-
-
-@dataclass(frozen=True, slots=True)
-class CueRetract:
-    stream: str
-    lang: str
-    id: str
-    type: ClassVar[str] = "cue_retract"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import pytest
 
 from sfu_sidecar.captions import webvtt
 from sfu_sidecar.captions.chunks import CLOSE_GRACE_MS
-from sfu_sidecar.captions.events import CueEvent, CueRetractEvent, EpochEvent
+from sfu_sidecar.captions.events import Cue, CueRetract, Epoch
 from tests.captions.helpers import T0, Clock, Env, start_env
 
 
@@ -108,14 +108,10 @@ async def test_update_interim_to_final_and_events(env: Env) -> None:
     resp = await env.client.delete("/api/streams/s1/captions/en/u", headers=env.auth())
     assert (await resp.json())["retracted"] is True
     got = [await asyncio.wait_for(sub.get(), 1) for _ in range(4)]
-    assert isinstance(got[0], EpochEvent)
-    assert got[1] == CueEvent("s1", "en", "u", 1.0, 2.0, "helo", False)
-    assert got[2] == CueEvent("s1", "en", "u", 1.0, 2.5, "hello", True)
-    assert got[3] == CueRetractEvent("s1", "en", "u")
-    assert got[2].message() == {
-        "type": "cue", "stream": "s1", "lang": "en", "id": "u", "start": 1.0, "end": 2.5,
-        "text": "hello", "final": True,
-    }
+    assert isinstance(got[0], Epoch)
+    assert got[1] == Cue("s1", "en", "u", 1.0, 2.0, "helo", False)
+    assert got[2] == Cue("s1", "en", "u", 1.0, 2.5, "hello", True)
+    assert got[3] == CueRetract("s1", "en", "u")
     assert sub._queue.empty()  # type: ignore[attr-defined]
     sub.close()
 
@@ -124,9 +120,8 @@ async def test_snapshot_for_late_joiners(env: Env) -> None:
     await env.post("j", stream_doc(cue("a", 0, 1), cue("b", 5, 6)))
     await env.post("j", stream_doc(cue("x", 0.5, 2, "salut"), lang="fr"))
     got = env.service.snapshot("j", 0.9, 5)
-    assert [(m["lang"], m["id"]) for m in got] == [("en", "a"), ("fr", "x")]
-    assert got[1] == {"type": "cue", "stream": "j", "lang": "fr", "id": "x", "start": 0.5,
-                      "end": 2.0, "text": "salut", "final": True}
+    assert [(c.lang, c.id) for c in got] == [("en", "a"), ("fr", "x")]
+    assert got[1] == Cue("j", "fr", "x", 0.5, 2.0, "salut", True)
 
 
 async def test_retraction(env: Env) -> None:
@@ -175,7 +170,7 @@ async def test_house_time_ingest_and_epoch_rules(env: Env) -> None:
     env.clock.advance(2)
     assert env.service.stream_now_ms("m") == 1999  # 2 s minus the 123 ns, floored
     events = [await asyncio.wait_for(sub.get(), 1) for _ in range(5)]
-    assert events[-1] == EpochEvent("m", T0 + 123)
+    assert events[-1] == Epoch("m", T0 + 123)
     sub.close()
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import websockets
 
-from sfu_sidecar.captions.events import CueEvent, CueRetractEvent
+from sfu_sidecar.captions.events import Cue, CueRetract
 from sfu_sidecar.client.captions import CaptionPublisher, CaptionRejected
 from tests.captions.helpers import TOKEN, Clock, Env, start_env
 
@@ -50,9 +50,9 @@ async def test_push_update_retract(env: Env, encoding: str) -> None:
     events = []
     while not sub._queue.empty():  # type: ignore[attr-defined]
         events.append(await sub.get())
-    cue_events = [e for e in events if isinstance(e, CueEvent) and e.id == "w1"]
+    cue_events = [e for e in events if isinstance(e, Cue) and e.id == "w1"]
     assert [(e.text, e.final) for e in cue_events] == [("hel", False), ("hello", True)]
-    assert CueRetractEvent("live", "en", "w1") in events
+    assert CueRetract("live", "en", "w1") in events
     sub.close()
 
 
