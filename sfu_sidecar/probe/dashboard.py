@@ -19,6 +19,11 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from sfu_sidecar import logs
+from sfu_sidecar.tasks import Tasks
+
+log = logs.get("probe.dashboard")
+
 HISTORY_TICKS = 120  # two minutes of one-second ticks
 MAX_DASHBOARDS = 64
 
@@ -46,6 +51,7 @@ class DashboardHub:
         self.dashboards: set[_Dashboard] = set()
         self.pushes = 0
         self.skipped = 0
+        self._sends = Tasks("dashboard", log)
 
     def publish(self, tick: dict[str, Any]) -> str | None:
         """Serialise ``tick`` once, keep it for late joiners and push it to every dashboard."""
@@ -59,7 +65,7 @@ class DashboardHub:
                 dash.skipped += 1
                 self.skipped += 1
                 continue
-            dash.sending = asyncio.create_task(self._send(dash, text))
+            dash.sending = self._sends.start("push", self._send(dash, text))
             self.pushes += 1
         return text
 
@@ -102,6 +108,7 @@ class DashboardHub:
         return ws
 
     async def close(self) -> None:
+        await self._sends.stop()
         for dash in list(self.dashboards):
             await dash.ws.close()
         self.dashboards.clear()
