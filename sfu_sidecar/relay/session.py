@@ -144,14 +144,30 @@ class IdleTrack(MediaStreamTrack):
 class _PeerSession:
     """What publisher and viewer sessions share: trickle ICE, data channels, observer calls."""
 
-    id: str
-    stream: StreamSlot
-    pc: RTCPeerConnection
-    ice_ufrag: str | None
-    ice_pwd: str | None
-    data_channels: dict[str, ChannelHandle]
-    observers: list[RelayObserver]
-    counters: SessionCounters
+    def __init__(
+        self,
+        role: str,
+        stream: StreamSlot,
+        settings: Settings,
+        now_ns: Callable[[], int],
+        observers: list[RelayObserver],
+    ) -> None:
+        self.id = uuid.uuid4().hex
+        self.stream = stream
+        self.settings = settings
+        self.now_ns = now_ns
+        self.observers = observers
+        self.pc = RTCPeerConnection(rtc_configuration())
+        self.answer_sdp = ""  # what the WHIP or WHEP response carries (set by negotiate)
+        self.data_channels: dict[str, ChannelHandle] = {}
+        self.counters = SessionCounters()
+        self.state = "new"
+        self.created_ns = now_ns()
+        self.ice_ufrag: str | None = None
+        self.ice_pwd: str | None = None
+        self.closed = asyncio.Event()
+        self._send_rtcp: Callable[[bytes], None] | None = None
+        self._tasks = Tasks(f"{role}-{self.id[:8]}", log)
 
     @property
     def stream_name(self) -> str:
@@ -197,23 +213,8 @@ class PublisherSession(_PeerSession):
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
     ) -> None:
-        self.id = uuid.uuid4().hex
-        self.stream = stream
-        self.settings = settings
-        self.now_ns = now_ns
-        self.observers = observers
-        self.pc = RTCPeerConnection(rtc_configuration())
-        self.answer_sdp = ""  # what the WHIP response carries (set by negotiate)
-        self.data_channels: dict[str, ChannelHandle] = {}
-        self.counters = SessionCounters()
-        self.state = "new"
-        self.created_ns = now_ns()
-        self.ice_ufrag: str | None = None
-        self.ice_pwd: str | None = None
-        self.closed = asyncio.Event()
-        self._send_rtcp: Callable[[bytes], None] | None = None
+        super().__init__("publisher", stream, settings, now_ns, observers)
         self._last_packet_mono = time.monotonic()
-        self._tasks = Tasks(f"publisher-{self.id[:8]}", log)
         # Only observers that override publisher_packet cost anything per packet.
         self._packet_observers = [
             o for o in observers
@@ -421,26 +422,12 @@ class ViewerSession(_PeerSession):
         *,
         media_clock: Callable[[int], list[str]] | None = None,
     ) -> None:
-        self.id = uuid.uuid4().hex
+        super().__init__("viewer", stream, settings, now_ns, observers)
         self.media_clock = media_clock
-        self.stream = stream
-        self.settings = settings
-        self.now_ns = now_ns
-        self.observers = observers
-        self.pc = RTCPeerConnection(rtc_configuration())
         self.outputs: dict[str, ViewerOutput] = {}
-        self.answer_sdp = ""  # what the WHEP response carries (set by negotiate)
-        self.data_channels: dict[str, ChannelHandle] = {}
         self.accepts_data_channel = False
-        self.state = "new"
-        self.counters = SessionCounters()
-        self.ice_ufrag: str | None = None
-        self.ice_pwd: str | None = None
-        self.closed = asyncio.Event()
         self.cname = "sfu-sidecar"
         self._send_rtp: Callable[[bytes], None] | None = None
-        self._send_rtcp: Callable[[bytes], None] | None = None
-        self._tasks = Tasks(f"viewer-{self.id[:8]}", log)
         self._connected_once = False
 
     def _channel_opened(self, channel: ChannelHandle) -> None:
@@ -567,18 +554,18 @@ class ViewerSession(_PeerSession):
         return None
 
     def _rtp(self, data: bytes) -> None:
-        if self._send_rtp is None:
-            return
-        try:
-            self._send_rtp(data)
-        except Exception:
-            self.counters.send_errors += 1
+        self._send(self._send_rtp, data)
 
     def _rtcp_out(self, data: bytes) -> None:
-        if self._send_rtcp is None:
+        self._send(self._send_rtcp, data)
+
+    def _send(self, send: Callable[[bytes], None] | None, data: bytes) -> None:
+        # Before the transport is up there is nowhere to send; a failing send is counted and
+        # costs only this packet.
+        if send is None:
             return
         try:
-            self._send_rtcp(data)
+            send(data)
         except Exception:
             self.counters.send_errors += 1
 
