@@ -14,7 +14,7 @@ Routes::
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgpack
 from aiohttp import WSMsgType, web
@@ -29,11 +29,9 @@ from sfu_sidecar.captions.model import (
     parse_json_batch,
     parse_vtt_batch,
 )
+from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.exceptions import BadInput, NotFound, SidecarError, Unprocessable
 from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
-
-if TYPE_CHECKING:
-    from sfu_sidecar.captions.service import CaptionService
 
 log = logs.get("captions.http")
 

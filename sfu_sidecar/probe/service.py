@@ -18,11 +18,12 @@ import asyncio
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from sfu_sidecar import __version__, logs
+from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound
 from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
@@ -43,13 +44,10 @@ from sfu_sidecar.relay.hooks import (
     ViewerHandle,
 )
 from sfu_sidecar.relay.routes import STREAM_PATTERN
+from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
 from sfu_sidecar.tasks import Tasks
-
-if TYPE_CHECKING:
-    from sfu_sidecar.clock.service import ClockService
-    from sfu_sidecar.relay.service import RelayService
-    from sfu_sidecar.sync.channel import SyncService
 
 log = logs.get("probe")
 

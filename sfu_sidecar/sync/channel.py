@@ -17,11 +17,12 @@ import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
 from sfu_sidecar import logs
+from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay.hooks import (
@@ -33,6 +34,7 @@ from sfu_sidecar.relay.hooks import (
     SenderReport,
     ViewerHandle,
 )
+from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
 from sfu_sidecar.sync.mapping import CaptureTime, build_abs_capture_time
 from sfu_sidecar.sync.wire import (
@@ -46,10 +48,6 @@ from sfu_sidecar.sync.wire import (
     parse_message,
 )
 from sfu_sidecar.tasks import Tasks
-
-if TYPE_CHECKING:
-    from sfu_sidecar.captions.service import CaptionService
-    from sfu_sidecar.relay.service import RelayService
 
 log = logs.get("sync")
 
