@@ -23,6 +23,7 @@ publishers whose audio and video are known to be in step, the A/V skew of the ma
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import fcntl
 import itertools
@@ -168,7 +169,7 @@ class Truth:
         # (base ns, clock rate, upstream RTP base) per kind for publishers whose sent packets
         # are recorded: any upstream timestamp's capture instant follows.
         self.rtp_lines: dict[str, tuple[int, int, int]] = {}
-        self.sent_payloads: dict[str, dict[bytes, int]] = {"audio": {}, "video": {}}
+        self.sent_payloads: dict[str, dict[bytes, list[int]]] = {"audio": {}, "video": {}}
 
     def of(self, kind: str, viewer_ts: int, offsets: dict[str, int]) -> int | None:
         known = self.by_viewer_ts[kind].get(viewer_ts)
@@ -252,23 +253,26 @@ def learn_rtp_lines(pub: dict[str, Any], truth: Truth) -> None:
             continue
         first = min(mine, key=lambda p: p.sequence_number)
         truth.rtp_lines[kind] = (timeline.start_house_ns, rate, first.timestamp)
-        counts: dict[bytes, int] = {}
+        sent: dict[bytes, list[int]] = {}
         for p in mine:
-            counts[p.payload] = counts.get(p.payload, 0) + 1
-        truth.sent_payloads[kind] = {p.payload: p.timestamp for p in mine
-                                     if counts[p.payload] == 1}
+            sent.setdefault(p.payload, []).append(p.timestamp)
+        truth.sent_payloads[kind] = sent
 
 
 def rewrite_offsets(viewer: peers.Peer, truth: Truth) -> dict[str, int]:
-    """The relay's per-viewer timestamp rewrite, from payloads the publisher sent once."""
+    """The relay's per-viewer timestamp rewrite: every received packet votes for the offsets to
+    the sent packets with its payload; the true offset gets every vote, while a payload sent
+    more than once (silence, a steady tone) scatters its others."""
     offsets: dict[str, int] = {}
     for kind in ("audio", "video"):
         ssrc = peers.received_ssrc(viewer, kind)
-        found = [(p.timestamp - truth.sent_payloads[kind][p.payload]) & MASK32
-                 for p in viewer.received
-                 if p.ssrc == ssrc and p.payload in truth.sent_payloads[kind]]
-        if found:
-            offsets[kind] = statistics.mode(found)
+        votes: collections.Counter[int] = collections.Counter()
+        for p in viewer.received:
+            candidates = truth.sent_payloads[kind].get(p.payload, []) if p.ssrc == ssrc else []
+            for upstream in candidates[:50]:
+                votes[(p.timestamp - upstream) & MASK32] += 1
+        if votes:
+            offsets[kind] = votes.most_common(1)[0][0]
     return offsets
 
 
