@@ -49,8 +49,8 @@ SR_MIN_SPAN_NS = 500_000_000
 # pacing delay (a few ms, up to a frame interval). A rate error shows as much more than this
 # within SR_MIN_SPAN_NS (0.5 s for a report running at twice the media rate).
 SR_JITTER_NS = 40_000_000
-# Reports within this of one line (after the nominal rate) count as exact: a fitted drift is
-# real. Tens of ppm of true drift over a window of eight reports stay far below it.
+# Reports within this of the line through the window's first and last count as exact: their
+# fitted drift is real. A sender stamping at send time scatters by its encode delay, far more.
 SR_EXACT_NS = 1_000_000
 # Capture precedes arrival; this much apparent lead is left to estimate error (the publisher
 # offset taken from the least-delay report, jitter of the report's send instant).
@@ -275,7 +275,7 @@ class TrackMapping:
 
     def __init__(
         self, clock_rate: int, publisher: PublisherClock, *, audio: bool = False,
-        tolerance_ns: int = DEFAULT_TOLERANCE_NS, sr_window: int = 8,
+        tolerance_ns: int = DEFAULT_TOLERANCE_NS, sr_window: int = 16,
         abs_max_age_s: float = 5.0, abs_window_s: float = 30.0, arrival_window: int = 64,
     ) -> None:
         if clock_rate <= 0:
@@ -449,10 +449,14 @@ class TrackMapping:
         the anchor, and the slope is left nominal, since jitter of milliseconds over a window
         of seconds would fit a drift of hundreds of ppm that is not there.
         """
-        residuals = [ns - self._ticks_ns(ext) for ext, ns in self._sr]
-        if max(residuals) - min(residuals) <= SR_EXACT_NS:
+        (e0, n0), (e1, n1) = self._sr[0], self._sr[-1]
+        # Distance of every report from the line through the first and the last: an exact
+        # sender's reports sit on it whatever its drift.
+        slope = (n1 - n0) / (e1 - e0) if e1 > e0 else NS / self.clock_rate
+        if all(abs(ns - n0 - (ext - e0) * slope) <= SR_EXACT_NS for ext, ns in self._sr):
             s_ext, s_ns = self._sr[-1]
             return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate)
+        residuals = [ns - self._ticks_ns(ext) for ext, ns in self._sr]
         best = min(range(len(residuals)), key=residuals.__getitem__)
         s_ext, s_ns = self._sr[best]
         return s_ext, s_ns, 0

@@ -295,8 +295,6 @@ async def decode_video(viewer: peers.Peer, pub: dict[str, Any], kind: str, truth
         if first_ts is None:
             ssrc = peers.received_ssrc(viewer, "video")
             first_ts = next(p.timestamp for p in viewer.received if p.ssrc == ssrc)
-        if kind not in ("chromium-canvas", "aiortc-join"):
-            continue  # truth comes from elsewhere (or nowhere): spare the publisher the CPU
         viewer_ts = (frame.pts + first_ts) & MASK32
         luma = frame.to_ndarray(format="yuv420p")[: frame.height]
         code = decode_frame_number(luma)
@@ -408,12 +406,17 @@ async def run(kind: str, seconds: float, settle_s: float,
                     return {"kind": kind, "viewer": "chromium", "seconds": seconds,
                             "page": page}
                 http = await stack.enter_async_context(aiohttp.ClientSession())
-                viewer = await peers.view(http, server.base, STREAM, data_channel="sync")
+                # Pixels are truth only for these kinds; elsewhere decoding would only take CPU
+                # from a publisher that may share this process.
+                pixels = kind in ("chromium-canvas", "aiortc-join")
+                viewer = await peers.view(http, server.base, STREAM, data_channel="sync",
+                                          decode=pixels)
                 stack.push_async_callback(viewer.close)
                 records = ViewerRecords()
                 viewer.channel.on("message", records.feed)
                 stop = asyncio.Event()
-                decoder = asyncio.create_task(decode_video(viewer, pub, kind, truth, stop))
+                decoder = asyncio.create_task(
+                    decode_video(viewer, pub, kind, truth, stop) if pixels else stop.wait())
                 await asyncio.sleep(seconds)
                 stop.set()
                 await decoder

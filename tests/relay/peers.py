@@ -104,6 +104,7 @@ class Peer:
     drop: Callable[[RtpPacket], bool] | None = None
     dropped: list[RtpPacket] = field(default_factory=list)
     channel: Any = None  # the RTCDataChannel the viewer offered, if any
+    decode: bool = True  # False: received media is recorded but never handed to aiortc
 
     async def close(self) -> None:
         await self.pc.close()
@@ -143,7 +144,7 @@ def _record_received(peer: Peer) -> None:
             return False
         peer.received.append(pkt)
         peer.received_ns.append(time.time_ns())
-        return True
+        return peer.decode
 
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
         aiortc_adapter.tap_received(dtls, rtp=observe, rtcp=peer.rtcp_received.append)
@@ -203,9 +204,11 @@ async def view(
     token: str | None = None,
     kinds: tuple[str, ...] = ("audio", "video"),
     data_channel: bool | str = False,
+    decode: bool = True,
 ) -> Peer:
     """A WHEP viewer; ``data_channel`` offers a channel (a str names it: ``"sync"`` is opened
-    unordered without retransmissions, as proto/sync.md asks of viewers)."""
+    unordered without retransmissions, as proto/sync.md asks of viewers). ``decode=False``
+    records every packet but spares the CPU of decoding it."""
     pc = client_pc()
     tracks: dict[str, MediaStreamTrack] = {}
 
@@ -223,7 +226,7 @@ async def view(
     aiortc_adapter.install_ice(pc, LOOPBACK, None)
     await pc.setLocalDescription(await pc.createOffer())
     location, answer = await _post(http, f"{base}/whep/{stream}", pc.localDescription.sdp, token)
-    peer = Peer(pc, location, answer, tracks=tracks, channel=channel)
+    peer = Peer(pc, location, answer, tracks=tracks, channel=channel, decode=decode)
     await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
     _record_received(peer)
     return peer
