@@ -100,9 +100,11 @@ class ClockService:
         self._tasks = Tasks("clock", log)
         self._ws: set[web.WebSocketResponse] = set()
         self.reports: dict[str, dict[str, int]] = {}
-        self._g_offset = metrics.gauge("clock_offset_ns", "House time minus host CLOCK_REALTIME")
+        self._g_offset = metrics.gauge("clock_offset_seconds",
+                                       "House time minus host CLOCK_REALTIME")
         self._g_freq = metrics.gauge("clock_freq_ppb", "House clock rate against the host clock")
-        self._g_error = metrics.gauge("clock_error_ns", "Estimated house time uncertainty")
+        self._g_error = metrics.gauge("clock_error_seconds",
+                                      "Estimated house time uncertainty")
         self._g_state = metrics.gauge("clock_state", "1 for the current clock state", ("state",))
         self._g_source = metrics.gauge("clock_source", "1 for the current source", ("source",))
         self._c_bad = metrics.counter("clock_bad_packets", "Unreadable clock packets",
@@ -340,10 +342,11 @@ class ClockService:
 
     def _update_gauges(self) -> None:
         now_local = local.realtime_ns()
-        self._g_offset.set(self.fused.peek(now_local) - now_local)
+        # Prometheus base units (seconds); the JSON status keeps exact integer ns.
+        self._g_offset.set((self.fused.peek(now_local) - now_local) / 1e9)
         self._g_freq.set(self.fused.freq_ppb)
         error = self.fused.error_ns(local.monotonic_ns())
-        self._g_error.set(float("nan") if error is None else error)
+        self._g_error.set(float("nan") if error is None else error / 1e9)
         for s in STATES:
             self._g_state.labels(s).set(1 if s == self.fused.state else 0)
         for s in SOURCES:

@@ -439,12 +439,7 @@ async def test_metrics_parse_back_and_pass_promtool(app: App) -> None:
     proc = await asyncio.to_thread(subprocess.run, [promtool, "check", "metrics"], input=text,
                                    capture_output=True, text=True, timeout=30)
     problems = [line for line in (proc.stdout + proc.stderr).splitlines() if line.strip()]
-    # The house clock's gauges are named in ns (clock_offset_ns, clock_error_ns), which
-    # promtool's lint flags as an abbreviated unit; every other family must pass as it is.
-    others = [p for p in problems if not p.startswith(("sfu_sidecar_clock_offset_ns ",
-                                                       "sfu_sidecar_clock_error_ns "))]
-    assert others == [], problems
-    assert proc.returncode in (0, 3) and (proc.returncode == 0) == (not problems)
+    assert problems == [] and proc.returncode == 0, problems
 
 
 def test_caption_error_bins_and_worst_viewer() -> None:
