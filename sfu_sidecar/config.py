@@ -117,6 +117,21 @@ def _parse_choice(*choices: str) -> Callable[[RawValue], str]:
     return parse
 
 
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off", "")
+
+
+def _parse_bool(raw: RawValue) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    value = _as_str(raw).lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise _Invalid("expected true or false")
+
+
 def _parse_optional_str(raw: RawValue) -> str | None:
     value = _as_str(raw)
     return value or None
@@ -330,6 +345,57 @@ class Settings:
         262144, _parse_int(1024, 64 * 1024 * 1024), "largest accepted request body (SDP, cues)",
         metavar="BYTES",
     )
+    open_ingest: bool = _setting(
+        False, _parse_bool,
+        "accept publishing, caption ingest and GPU reports from other hosts without "
+        "publish_token (when false and no token is set, only this host may)",
+        metavar="BOOL",
+    )
+    max_viewers: int = _setting(
+        150, _parse_int(1, 100000),
+        "viewer sessions in this process; more are refused with 503", metavar="N",
+    )
+    max_viewers_per_stream: int = _setting(
+        150, _parse_int(1, 100000),
+        "viewer sessions on one stream; more are refused with 429", metavar="N",
+    )
+    max_sessions_per_client: int = _setting(
+        64, _parse_int(1, 100000),
+        "WHIP and WHEP sessions from one client address (IPv6 by /64); more are refused "
+        "with 429", metavar="N",
+    )
+    max_sdp_bytes: int = _setting(
+        65536, _parse_int(1024, 16 * 1024 * 1024),
+        "largest SDP offer or trickle fragment, in bytes", metavar="BYTES",
+    )
+    max_sdp_lines: int = _setting(
+        2000, _parse_int(10, 100000), "most lines in an SDP offer or trickle fragment",
+        metavar="N",
+    )
+    max_cues_per_request: int = _setting(
+        500, _parse_int(1, 100000),
+        "most cues in one caption ingest request or WebSocket message", metavar="N",
+    )
+    max_cues_per_s: float = _setting(
+        100.0, _parse_float(0.01, 1e6),
+        "cues ingested per second per stream on average (bursts up to max_cues_per_request); "
+        "more are refused with 429", metavar="RATE",
+    )
+    ws_max_message_bytes: int = _setting(
+        65536, _parse_int(256, 64 * 1024 * 1024),
+        "largest WebSocket message (caption ingest; the clock and dashboard sockets take at "
+        "most 4096)", metavar="BYTES",
+    )
+    ws_messages_per_s: float = _setting(
+        50.0, _parse_float(0.01, 1e6),
+        "WebSocket messages per second from one peer (bursts up to twice that); more are "
+        "dropped, and a peer that keeps on is closed with 1008", metavar="RATE",
+    )
+    channel_messages_per_s: float = _setting(
+        20.0, _parse_float(0.01, 1e6),
+        "DataChannel messages per second accepted from one peer (bursts up to twice that); "
+        "more are dropped", metavar="RATE",
+    )
     publisher_timeout_s: float = _setting(
         10.0, _parse_float(1.0, 3600.0),
         "seconds without media before a publisher counts as gone", metavar="SECONDS",
@@ -375,6 +441,8 @@ def format_value(value: Any) -> str:
         return ""
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)

@@ -13,7 +13,10 @@
         ├── AuthError              missing or wrong credentials (401)
         ├── Forbidden              the caller may not do this at all, e.g. its web origin (403)
         ├── NotFound               no such stream, session or resource (404)
-        └── Conflict               the resource is taken (409)
+        ├── Conflict               the resource is taken (409)
+        └── LimitExceeded          more than a configured limit allows; carries Retry-After
+            ├── TooManyRequests        this client or stream is over its limit (429)
+            └── AtCapacity             the whole process is at its limit (503)
 
 Every HTTP-facing error carries its status code; the middleware in ``httpapi.py`` is the one
 place that turns them into responses, so no traceback reaches a client.
@@ -88,3 +91,23 @@ class NotFound(RemoteError):
 
 class Conflict(RemoteError):
     status = 409
+
+
+class LimitExceeded(RemoteError):
+    """More than a configured limit allows; the reason names the setting."""
+
+    status = 429
+
+    def __init__(self, reason: str, *, retry_after: str,
+                 headers: Mapping[str, str] | None = None) -> None:
+        merged = {"Retry-After": retry_after}
+        merged.update(headers or {})
+        super().__init__(reason, headers=merged)
+
+
+class TooManyRequests(LimitExceeded):
+    status = 429
+
+
+class AtCapacity(LimitExceeded):
+    status = 503

@@ -37,6 +37,15 @@ class Metrics:
             ["route"], namespace=NAMESPACE, registry=self.registry,
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
         )
+        self.requests_limited = Counter(
+            "requests_limited", "Requests refused by a configured limit, by the limit's setting",
+            ["limit"], namespace=NAMESPACE, registry=self.registry,
+        )
+        self.messages_dropped = Counter(
+            "messages_dropped",
+            "WebSocket and DataChannel messages dropped over their peer's rate, by channel",
+            ["channel"], namespace=NAMESPACE, registry=self.registry,
+        )
         self.uptime = Gauge(
             "uptime_seconds", "Seconds since the service started",
             namespace=NAMESPACE, registry=self.registry,

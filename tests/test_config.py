@@ -99,6 +99,9 @@ def test_ice_servers_parse_stun_and_turn_credentials() -> None:
         ({"data_dir": "a\x00b"}, "a path cannot contain a NUL character"),
         ({"host": "no such host"}, "--host no such host: expected an IP address or a host"),
         ({"host": "http://x"}, "expected an IP address or a host name"),
+        ({"open_ingest": "maybe"}, "--open-ingest maybe: expected true or false"),
+        ({"max_viewers": "0"}, "--max-viewers 0: must be between 1 and 100000"),
+        ({"ws_messages_per_s": "0"}, "must be between 0.01 and 1e+06"),
     ],
 )
 def test_validation_errors_name_the_setting_and_the_reason(
@@ -185,3 +188,17 @@ def test_cors_origins_from_a_toml_array(tmp_path: Path) -> None:
     assert load_settings(config_path=cfg).cors_origins == (
         "https://a.example", "http://localhost:3000",
     )
+
+
+def test_limits_have_defaults_and_take_values_from_every_source(tmp_path: Path) -> None:
+    s = load_settings()
+    assert (s.open_ingest, s.max_viewers, s.max_viewers_per_stream) == (False, 150, 150)
+    assert (s.max_sessions_per_client, s.max_sdp_bytes, s.max_sdp_lines) == (64, 65536, 2000)
+    assert (s.max_cues_per_request, s.max_cues_per_s) == (500, 100.0)
+    assert (s.ws_max_message_bytes, s.ws_messages_per_s, s.channel_messages_per_s) == (
+        65536, 50.0, 20.0)
+    cfg = write_toml(tmp_path, "open_ingest = true\nmax_cues_per_s = 2.5\n")
+    s = load_settings({"max_viewers": "10"}, {"SFU_SIDECAR_OPEN_INGEST": "no"}, cfg)
+    assert (s.open_ingest, s.max_viewers, s.max_cues_per_s) == (False, 10, 2.5)
+    assert load_settings(config_path=cfg).open_ingest is True
+    assert load_settings({"open_ingest": "YES"}).redacted()["open_ingest"] == "true"
