@@ -26,6 +26,7 @@ from sfu_sidecar.httpapi import (
     json_ok,
 )
 from sfu_sidecar.lifecycle import Component, stop_on_signals
+from sfu_sidecar.limits import is_loopback
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe.service import ProbeService
 from sfu_sidecar.relay.routes import RelayRoutes
@@ -208,6 +209,26 @@ def build_app(settings: Settings, components: Components | None = None) -> web.A
     return app
 
 
+def warn_about_open_doors(settings: Settings) -> None:
+    """One warning at start-up for a service reachable from a network without publish_token.
+
+    Refusing to start would be wrong (tokens may come with the next deploy, and viewing needs
+    none); the requests are refused instead, and the warning says why they will be.
+    """
+    if settings.publish_token is not None or is_loopback(settings.host):
+        return
+    if settings.open_ingest:
+        log.warning(
+            "open_ingest is set and publish_token is not: anyone who reaches port %d may "
+            "publish, ingest captions and post GPU reports", settings.port,
+        )
+    else:
+        log.warning(
+            "publish_token is not set: publishing, caption ingest and GPU reports are accepted "
+            "only from this host (set publish_token, or open_ingest to accept them from anyone)"
+        )
+
+
 def install_event_loop_policy() -> str:
     try:
         import uvloop
@@ -238,6 +259,7 @@ async def serve(
             "listening on http://%s:%d", settings.host, settings.port,
             extra={"version": __version__},
         )
+        warn_about_open_doors(settings)
         if ready is not None:
             ready.set()
         await stop.wait()

@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from aiohttp import web
 
 from sfu_sidecar import logs
+from sfu_sidecar.config import Settings
 from sfu_sidecar.cors import ALLOW_ORIGIN, REQUEST_METHOD, CorsPolicy
 from sfu_sidecar.exceptions import (
     AuthError,
     Forbidden,
     PayloadTooLarge,
+    RemoteError,
     SidecarError,
     UnsupportedMediaType,
 )
+from sfu_sidecar.limits import is_loopback
 from sfu_sidecar.metrics import Metrics
 
 log = logs.get("http")
@@ -51,7 +56,7 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
         return response
     except SidecarError as exc:
         status = exc.status
-        if status >= 500:
+        if status >= 500 and not isinstance(exc, RemoteError):  # a 503 at capacity is no fault
             log.error("request failed: %s", exc.reason)
         return json_error(status, exc.reason, exc.headers)
     except web.HTTPException as exc:
@@ -72,10 +77,36 @@ async def edge_middleware(request: web.Request, handler: Handler) -> web.StreamR
             metrics.http_requests.labels(route, str(status)).inc()
             metrics.http_duration.labels(route).observe(elapsed)
         log.info(
-            "%s %s %d %.1fms", request.method, request.path, status, elapsed * 1000,
+            "%s %s %d %.1fms", request.method, logged_target(request), status, elapsed * 1000,
             extra={"status": status, "duration_ms": round(elapsed * 1000, 3),
                    "remote": request.remote},
         )
+
+
+# Query parameters whose values are never logged: the viewer page takes ?token=, and other
+# clients name their secrets much the same way.
+_SECRET_PARAMETER_PARTS = ("token", "secret", "password", "passwd", "credential", "auth", "key",
+                           "sig")
+
+
+def _secret_parameter(name: str) -> bool:
+    lowered = name.lower()
+    return any(part in lowered for part in _SECRET_PARAMETER_PARTS)
+
+
+def logged_target(request: web.Request) -> str:
+    """The request's path and query for the log, every secret-looking value masked.
+
+    The query stays percent-encoded as sent, so no value can break a log line.
+    """
+    raw = request.rel_url.raw_query_string
+    if not raw:
+        return request.path
+    parts = []
+    for pair in raw.split("&"):
+        name, eq, _ = pair.partition("=")
+        parts.append(f"{name}=***" if eq and _secret_parameter(unquote_plus(name)) else pair)
+    return f"{request.path}?{'&'.join(parts)}"
 
 
 def install_cors(app: web.Application, policy: CorsPolicy) -> None:
@@ -135,8 +166,52 @@ def require_bearer(request: web.Request, token: str | None, what: str) -> None:
     scheme, _, given = header.partition(" ")
     if scheme.lower() != "bearer" or not given:
         raise AuthError(f"{what} needs Authorization: Bearer <token>")
-    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+    if not tokens_match(given.strip(), token):
         raise AuthError(f"wrong token for {what}")
+
+
+def tokens_match(given: str, expected: str) -> bool:
+    """Compare a secret in constant time, its length included: digests of equal size are
+    compared, so neither a prefix nor the length of the expected token shows in the timing."""
+    return hmac.compare_digest(
+        hashlib.sha256(given.encode("utf-8", "surrogateescape")).digest(),
+        hashlib.sha256(expected.encode("utf-8", "surrogateescape")).digest(),
+    )
+
+
+# Headers a proxy adds naming the client it forwards: a request carrying one came from
+# elsewhere, whatever the address of the connection it arrived on.
+_FORWARDING_HEADERS = ("Forwarded", "X-Forwarded-For", "X-Real-IP")
+
+
+def from_this_host(request: web.Request) -> bool:
+    """Whether the request came from this host itself: over loopback and not via a proxy."""
+    if any(name in request.headers for name in _FORWARDING_HEADERS):
+        return False
+    return is_loopback(request.remote)
+
+
+def ingest_allowed(request: web.Request, settings: Settings) -> bool:
+    """Whether a request may publish or ingest without a token: only when no publish_token is
+    set, and then from this host, or from anywhere with open_ingest."""
+    return settings.publish_token is None and (settings.open_ingest or from_this_host(request))
+
+
+def require_publish(request: web.Request, settings: Settings, what: str) -> None:
+    """Authorise a publishing or ingest request (WHIP, captions, GPU reports).
+
+    With publish_token set, its Bearer token. Without one, only requests from this host, unless
+    open_ingest opens them to everyone: a service reachable from a network publishes nothing
+    by default that anyone on that network could inject.
+    """
+    if settings.publish_token is not None:
+        require_bearer(request, settings.publish_token, what)
+        return
+    if not ingest_allowed(request, settings):
+        raise Forbidden(
+            f"{what} from another host needs a token: set publish_token (and send it as "
+            "Authorization: Bearer), or set open_ingest to accept it from anyone"
+        )
 
 
 def require_content_type(request: web.Request, *accepted: str) -> str:
@@ -148,20 +223,25 @@ def require_content_type(request: web.Request, *accepted: str) -> str:
     return ctype
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    """Read the whole body, refusing more than ``limit`` bytes without buffering them all."""
+async def read_body(request: web.Request, limit: int, setting: str = "max_body_bytes") -> bytes:
+    """Read the whole body, refusing more than ``limit`` bytes without buffering them all.
+
+    ``setting`` names the limit in the refusal, so the client's operator knows what to raise.
+    """
     encoding = request.headers.get("Content-Encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         raise UnsupportedMediaType(f"Content-Encoding {encoding[:40]} not accepted; send the "
                                    "body uncompressed")
     if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(f"body of {request.content_length} bytes exceeds {limit}")
+        raise PayloadTooLarge(
+            f"body of {request.content_length} bytes exceeds {limit} (setting {setting})"
+        )
     chunks = []
     size = 0
     async for chunk in request.content.iter_chunked(65536):
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"body exceeds {limit} bytes")
+            raise PayloadTooLarge(f"body exceeds {limit} bytes (setting {setting})")
         chunks.append(chunk)
     return b"".join(chunks)
 

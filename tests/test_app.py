@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 import pytest
@@ -109,3 +110,33 @@ async def test_index_serves_the_web_client(client_and_journal) -> None:  # type:
     resp = await client.get("/")
     assert resp.status == 200
     assert "<html" in (await resp.text()).lower()
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    ({}, "accepted only from this host"),
+    ({"open_ingest": "true"}, "anyone who reaches port 8080 may publish"),
+    ({"publish_token": "tok"}, None),
+    ({"host": "127.0.0.1"}, None),
+    ({"host": "::1", "open_ingest": "true"}, None),
+])
+def test_start_up_warns_once_when_publishing_is_closed_or_wide_open(
+    flags: dict[str, str], expected: str | None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sfu_sidecar import logs
+    from sfu_sidecar.app import warn_about_open_doors
+
+    logger = logs.get("app")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)  # whether or not the sfu_sidecar tree propagates to the root
+    try:
+        with caplog.at_level("WARNING", logger=logger.name):
+            warn_about_open_doors(load_settings(flags))
+    finally:
+        logger.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    if expected is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and expected in lines[0]

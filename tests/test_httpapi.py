@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -377,3 +378,40 @@ async def test_vary_joins_a_header_the_route_set(tmp_path: Path) -> None:
         assert resp.status == 200
         assert resp.headers[ACAO] == APP
         assert resp.headers.getall("Vary") == ["Accept-Encoding, Origin"]
+
+
+# --- secrets: never logged, compared in constant time --------------------------------------------
+
+
+async def test_request_log_masks_secret_query_values(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sfu_sidecar import logs
+
+    client = await make_client(view_token="view-secret-1")
+    logger = logs.get("http")
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger.addHandler(handler)  # whether or not the sfu_sidecar tree propagates to the root
+    try:
+        with caplog.at_level("INFO", logger=logger.name):
+            assert (await client.get("/?stream=live&token=view-secret-1")).status == 200
+            await client.get("/captions/live/en.vtt?start=0&end=1&access_token=view-secret-1")
+            await client.get("/healthz?Api%20Key=view-secret-1&x&note=a%0Ab")
+    finally:
+        logger.removeHandler(handler)
+    lines = [r.getMessage() for r in records]
+    assert len(lines) == 3
+    assert not any("view-secret-1" in line for line in lines)
+    assert lines[0].startswith("GET /?stream=live&token=*** 200")
+    assert "start=0&end=1&access_token=***" in lines[1]
+    assert "Api%20Key=***&x&note=a%0Ab 200" in lines[2]  # as sent: no value breaks a line
+
+
+def test_tokens_match_only_the_same_token_of_any_length() -> None:
+    from sfu_sidecar.httpapi import tokens_match
+
+    assert tokens_match("s3cret", "s3cret")
+    for other in ("", "s3cre", "s3cret!", "S3cret", "s3cret" * 100, "\udcff"):
+        assert not tokens_match(other, "s3cret")
