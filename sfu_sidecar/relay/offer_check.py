@@ -10,7 +10,8 @@ without a transport. Those are the other side's faults, so they are refused here
 
 What is checked (RFC 8866 for the syntax, RFC 8829 for what a JSEP offer always carries):
 
-* size: at most :data:`MAX_LINES` lines of at most :data:`MAX_LINE_CHARS` characters;
+* size: at most ``max_lines`` lines (:data:`MAX_LINES` unless the service's setting says
+  otherwise) of at most :data:`MAX_LINE_CHARS` characters;
 * syntax: ``v=0`` first, then only ``<letter>=<value>`` lines;
 * m-lines: 1 to :data:`MAX_MEDIA_SECTIONS` of them, each ``m=<kind> <port> <proto> <fmt>...``
   with kind audio, video or application (at most one application), a port 0-65535 and, for
@@ -84,11 +85,15 @@ class _Section:
         return f"m-line {self.index} ({self.kind})"
 
 
-def validate_offer(text: str) -> None:
-    """Raise :class:`BadInput` with a reason unless ``text`` is an offer aiortc can take."""
+def validate_offer(text: str, max_lines: int = MAX_LINES) -> None:
+    """Raise :class:`BadInput` with a reason unless ``text`` is an offer aiortc can take.
+
+    ``max_lines`` is the service's ``max_sdp_lines`` setting.
+    """
     lines = text.splitlines()
-    if len(lines) > MAX_LINES:
-        raise BadInput(f"offer has {len(lines)} lines; at most {MAX_LINES} are accepted")
+    if len(lines) > max_lines:
+        raise BadInput(f"offer has {len(lines)} lines; at most {max_lines} are accepted "
+                       "(setting max_sdp_lines)")
     session = _Section(-1)
     sections: list[_Section] = []
     seen_version = False

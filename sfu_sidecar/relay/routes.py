@@ -6,13 +6,22 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
 from urllib.parse import quote
 
 from aiohttp import web
 
 from sfu_sidecar.config import IceServer
-from sfu_sidecar.exceptions import NotFound
-from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
+from sfu_sidecar.exceptions import AtCapacity, BadInput, NotFound, TooManyRequests
+from sfu_sidecar.httpapi import (
+    ingest_allowed,
+    json_ok,
+    read_body,
+    require_bearer,
+    require_content_type,
+    require_publish,
+)
+from sfu_sidecar.limits import ClientSessions, client_key
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.service import RelayService
@@ -24,6 +33,8 @@ STREAM_PATTERN = r"{stream:[A-Za-z0-9_.~-]{1,128}}"
 SESSION_PATTERN = r"{session:[0-9a-f]{32}}"
 
 Session = PublisherSession | ViewerSession
+# Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
+SESSION_RETRY_AFTER = "5"
 
 
 def _link_value(server: IceServer) -> str:
@@ -43,6 +54,8 @@ class RelayRoutes:
     def __init__(self, service: RelayService) -> None:
         self.service = service
         self.settings = service.settings
+        self.clients = ClientSessions()
+        self._refused = service.metrics.requests_limited
 
     def add(self, app: web.Application) -> None:
         r = app.router
@@ -62,14 +75,54 @@ class RelayRoutes:
             return self.settings.publish_token, "publishing", True
         return self.settings.view_token, "viewing", False
 
+    def _authorize(self, request: web.Request) -> tuple[str, bool]:
+        token, what, publishing = self._token(request)
+        if publishing:
+            require_publish(request, self.settings, what)
+        else:
+            require_bearer(request, token, what)
+        return what, publishing
+
+    def _refuse(self, limit: str, error: type[TooManyRequests | AtCapacity],
+                reason: str) -> NoReturn:
+        self._refused.labels(limit).inc()
+        raise error(reason, retry_after=SESSION_RETRY_AFTER)
+
+    def _check_limits(self, name: str, client: str, publishing: bool) -> None:
+        """Refuse a session over a limit before any work is spent on it.
+
+        Nothing awaits between this check and the session taking its place in the stream
+        (RelayService.view adds the viewer before it negotiates), so concurrent requests
+        cannot all pass it.
+        """
+        s = self.settings
+        if not publishing:
+            streams = self.service.streams.by_name
+            viewers = sum(len(stream.viewers) for stream in streams.values())
+            if viewers >= s.max_viewers:
+                self._refuse("max_viewers", AtCapacity,
+                             f"this server has {viewers} viewers, its limit (setting "
+                             "max_viewers); try again later or another server")
+            stream = streams.get(name)
+            if stream is not None and len(stream.viewers) >= s.max_viewers_per_stream:
+                self._refuse("max_viewers_per_stream", TooManyRequests,
+                             f"stream {name} has {len(stream.viewers)} viewers, its limit "
+                             "(setting max_viewers_per_stream)")
+        if self.clients.count(client) >= s.max_sessions_per_client:
+            self._refuse("max_sessions_per_client", TooManyRequests,
+                         f"your address has {s.max_sessions_per_client} sessions open, the "
+                         "limit (setting max_sessions_per_client); end one first")
+
     def _links(self) -> list[str]:
         return [_link_value(s) for s in self.settings.ice_servers]
 
     async def options(self, request: web.Request) -> web.Response:
-        token, what, _ = self._token(request)
+        token, what, publishing = self._token(request)
         headers = {"Accept-Post": SDP, "Allow": "OPTIONS, POST"}
         response = web.Response(status=204, headers=headers)
         # TURN credentials are secrets: hand them only to callers who may use the endpoint.
+        if token is None and publishing and not ingest_allowed(request, self.settings):
+            return response
         authorized = token is None or request.headers.get("Authorization") is not None
         if authorized:
             require_bearer(request, token, what)
@@ -77,26 +130,41 @@ class RelayRoutes:
                 response.headers.add("Link", link)
         return response
 
+    async def _sdp_body(self, request: web.Request) -> bytes:
+        """An offer or trickle fragment within max_sdp_bytes (and within max_body_bytes,
+        which bounds every body)."""
+        s = self.settings
+        if s.max_sdp_bytes <= s.max_body_bytes:
+            return await read_body(request, s.max_sdp_bytes, "max_sdp_bytes")
+        return await read_body(request, s.max_body_bytes)
+
     async def create(self, request: web.Request) -> web.Response:
-        token, what, publishing = self._token(request)
-        require_bearer(request, token, what)
+        _, publishing = self._authorize(request)
+        name = request.match_info["stream"]
+        client = client_key(request.remote)
+        self._check_limits(name, client, publishing)
         require_content_type(request, SDP)
-        body = await read_body(request, self.settings.max_body_bytes)
+        body = await self._sdp_body(request)
         try:
             offer = body.decode("utf-8")
         except UnicodeDecodeError:
-            from sfu_sidecar.exceptions import BadInput
-
             raise BadInput("offer is not UTF-8 text") from None
         # Validate before touching any stream, so a bad offer takes no publisher slot.
-        validate_offer(offer)
+        validate_offer(offer, self.settings.max_sdp_lines)
         sdpmod.check_offer(sdpmod.parse(offer, what="offer"), publishing=publishing)
-        name = request.match_info["stream"]
+        # Checked again: the body took time to arrive, and others may have joined meanwhile.
+        self._check_limits(name, client, publishing)
         session: Session
-        if publishing:
-            session = await self.service.publish(name, offer)
-        else:
-            session = await self.service.view(name, offer)
+        self.clients.reserve(client)
+        try:
+            if publishing:
+                session = await self.service.publish(name, offer)
+            else:
+                session = await self.service.view(name, offer)
+        except BaseException:
+            self.clients.release(client)
+            raise
+        self.clients.bind(client, session.id, lambda: not session.closed.is_set())
         kind = "whip" if publishing else "whep"
         location = f"/{kind}/{quote(name)}/{session.id}"
         answer = session.answer_sdp
@@ -124,18 +192,20 @@ class RelayRoutes:
         return session
 
     async def patch(self, request: web.Request) -> web.Response:
-        token, what, _ = self._token(request)
-        require_bearer(request, token, what)
+        self._authorize(request)
         session = self._session(request)
         require_content_type(request, TRICKLE)
-        body = await read_body(request, self.settings.max_body_bytes)
-        trickle = sdpmod.parse_trickle(body.decode("utf-8", errors="replace"))
+        text = (await self._sdp_body(request)).decode("utf-8", errors="replace")
+        lines = len(text.splitlines())
+        if lines > self.settings.max_sdp_lines:
+            raise BadInput(f"trickle fragment has {lines} lines; at most "
+                           f"{self.settings.max_sdp_lines} are accepted (setting max_sdp_lines)")
+        trickle = sdpmod.parse_trickle(text)
         await session.add_candidates(trickle)
         return web.Response(status=204)
 
     async def delete(self, request: web.Request) -> web.Response:
-        token, what, _ = self._token(request)
-        require_bearer(request, token, what)
+        self._authorize(request)
         session = self._session(request)
         await session.close()
         return web.Response(status=200)

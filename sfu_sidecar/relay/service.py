@@ -11,6 +11,7 @@ from prometheus_client.registry import Collector
 
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
+from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
@@ -57,6 +58,9 @@ class RelayService:
         self.observers: list[RelayObserver] = list(observers)
         self.streams = Streams()
         self._accepted = {"publishers": 0, "viewers": 0}
+        self.channel_limiter = MessageLimiter(
+            "data_channel", settings.channel_messages_per_s, metrics.messages_dropped, log
+        )
         metrics.registry.register(_RelayCollector(self))
 
     def add_observer(self, observer: RelayObserver) -> None:
@@ -77,7 +81,8 @@ class RelayService:
 
     async def publish(self, name: str, offer: str) -> PublisherSession:
         stream = self.streams.get_or_create(name)
-        session = PublisherSession(stream, self.settings, self.now_ns, self.observers)
+        session = PublisherSession(stream, self.settings, self.now_ns, self.observers,
+                                   self.channel_limiter)
         stream.claim_publisher(session, session.request_keyframe)
         try:
             await session.negotiate(offer)
@@ -90,7 +95,8 @@ class RelayService:
     async def view(self, name: str, offer: str) -> ViewerSession:
         stream = self.streams.get_or_create(name)
         session = ViewerSession(stream, self.settings, self.now_ns, self.observers,
-                                media_clock=self.media_clock)
+                                media_clock=self.media_clock,
+                                channel_limiter=self.channel_limiter)
         stream.viewer_added(session)
         try:
             await session.negotiate(offer)

@@ -29,6 +29,7 @@ from aiortc.rtcrtpparameters import RTCRtpCodecCapability
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotAcceptable
+from sfu_sidecar.limits import Admission, MessageLimiter
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay import sdp as sdpmod
@@ -75,12 +76,30 @@ class StreamSlot(Protocol):
 
 
 class ChannelHandle:
-    """A peer's DataChannel as observers see it (``hooks.DataChannel``), over aiortc's."""
+    """A peer's DataChannel as observers see it (``hooks.DataChannel``), over aiortc's.
 
-    __slots__ = ("_channel",)
+    Each message the peer sends passes ``admit`` once (the peer's rate limit) and then goes
+    to every handler; a message over the rate reaches none of them.
+    """
 
-    def __init__(self, channel: RTCDataChannel) -> None:
+    __slots__ = ("_admit", "_channel", "_handlers")
+
+    def __init__(
+        self, channel: RTCDataChannel, admit: Callable[[], Admission] | None = None
+    ) -> None:
         self._channel = channel
+        self._handlers: list[Callable[[bytes | str], None]] = []
+        self._admit = admit
+        channel.on("message", self._dispatch)
+
+    def _dispatch(self, data: bytes | str) -> None:
+        if self._admit is not None and not self._admit().accepted:
+            return
+        for handler in list(self._handlers):
+            try:
+                handler(data)
+            except Exception:  # one observer's fault must not keep the message from the rest
+                log.exception("data channel handler failed")
 
     @property
     def label(self) -> str:
@@ -98,7 +117,7 @@ class ChannelHandle:
         self._channel.send(data)
 
     def on_message(self, handler: Callable[[bytes | str], None]) -> None:
-        self._channel.on("message", handler)
+        self._handlers.append(handler)
 
 
 def _later(coro: Coroutine[Any, Any, None]) -> None:
@@ -151,6 +170,7 @@ class _PeerSession:
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
+        channel_limiter: MessageLimiter | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.stream = stream
@@ -168,6 +188,11 @@ class _PeerSession:
         self.closed = asyncio.Event()
         self._send_rtcp: Callable[[bytes], None] | None = None
         self._tasks = Tasks(f"{role}-{self.id[:8]}", log)
+        # One rate for all of this peer's channels: a second channel buys it nothing.
+        self._admit_message = (
+            channel_limiter.gate(f"{role} {self.id[:8]} on {stream.name}")
+            if channel_limiter is not None else None
+        )
 
     @property
     def stream_name(self) -> str:
@@ -187,7 +212,7 @@ class _PeerSession:
                 log.exception("observer failed on %s", hook)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
-        handle = ChannelHandle(channel)
+        handle = ChannelHandle(channel, self._admit_message)
         self.data_channels[handle.label] = handle
         self._channel_opened(handle)
 
@@ -212,8 +237,9 @@ class PublisherSession(_PeerSession):
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
+        channel_limiter: MessageLimiter | None = None,
     ) -> None:
-        super().__init__("publisher", stream, settings, now_ns, observers)
+        super().__init__("publisher", stream, settings, now_ns, observers, channel_limiter)
         self._last_packet_mono = time.monotonic()
         # Only observers that override publisher_packet cost anything per packet.
         self._packet_observers = [
@@ -421,8 +447,9 @@ class ViewerSession(_PeerSession):
         observers: list[RelayObserver],
         *,
         media_clock: Callable[[int], list[str]] | None = None,
+        channel_limiter: MessageLimiter | None = None,
     ) -> None:
-        super().__init__("viewer", stream, settings, now_ns, observers)
+        super().__init__("viewer", stream, settings, now_ns, observers, channel_limiter)
         self.media_clock = media_clock
         self.outputs: dict[str, ViewerOutput] = {}
         self.accepts_data_channel = False

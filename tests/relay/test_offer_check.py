@@ -217,6 +217,15 @@ def test_malformed_offer_is_refused_with_its_reason(
     assert reason in refused(mutate(offers["publish"]))
 
 
+def test_the_line_limit_is_the_callers_setting(offers: dict[str, str]) -> None:
+    offer = offers["publish"]
+    lines = len(offer.splitlines())
+    validate_offer(offer, max_lines=lines)
+    with pytest.raises(BadInput) as info:
+        validate_offer(offer, max_lines=lines - 1)
+    assert f"at most {lines - 1} are accepted (setting max_sdp_lines)" in info.value.reason
+
+
 async def test_garbled_direction_is_a_400_not_a_500(relay_factory: Any) -> None:
     """aiortc's createAnswer fails on a media section without a direction (``None is not in
     list``); the route must refuse the offer before that, for publishers and viewers alike."""

@@ -277,3 +277,116 @@ async def test_status_api_and_metrics_describe_streams(relay: Relay) -> None:
     finally:
         await v.close()
         await pub.close()
+
+
+def _limited(relay: Relay, limit: str) -> float:
+    text = relay.service.metrics.render().decode()
+    prefix = f'sfu_sidecar_requests_limited_total{{limit="{limit}"}} '
+    lines = [line for line in text.splitlines() if line.startswith(prefix)]
+    return float(lines[0].removeprefix(prefix)) if lines else 0.0
+
+
+async def test_viewer_limits_refuse_with_retry_after_and_spare_the_viewers_already_there(
+    relay_factory,
+) -> None:
+    relay: Relay = await relay_factory(max_viewers_per_stream="1", max_viewers="2")
+    pub = await publish(relay.http, relay.base, "full", video=PatternVideo())
+    first = await view(relay.http, relay.base, "full", kinds=("video",))
+    try:
+        await frames(first.tracks["video"], 5, limit_s=10)
+        viewer_offer = await _offer(direction="recvonly")
+        for _ in range(5):
+            status, body, headers = await _post(relay, "/whep/full", viewer_offer, SDP)
+            assert status == 429, body
+            assert "max_viewers_per_stream" in str(body["error"])
+            assert int(headers["Retry-After"]) >= 1
+        status, _, other = await _post(relay, "/whep/other", viewer_offer, SDP)
+        assert status == 201
+        status, body, headers = await _post(relay, "/whep/third", viewer_offer, SDP)
+        assert status == 503 and "max_viewers" in str(body["error"])
+        assert int(headers["Retry-After"]) >= 1
+        assert _limited(relay, "max_viewers_per_stream") == 5
+        assert _limited(relay, "max_viewers") == 1
+        # The refusals cost the viewer already there nothing: its frames keep coming.
+        await frames(first.tracks["video"], 10, limit_s=10)
+        assert len(relay.service.streams.get("full").viewers) == 1
+        # A slot that frees is taken again.
+        async with relay.http.delete(relay.base + other["Location"]) as resp:
+            assert resp.status == 200
+        status, _, _ = await _post(relay, "/whep/third", viewer_offer, SDP)
+        assert status == 201
+    finally:
+        await first.close()
+        await pub.close()
+
+
+async def test_sessions_per_client_count_publishers_and_viewers(relay_factory) -> None:
+    relay: Relay = await relay_factory(max_sessions_per_client="2")
+    status, _, published = await _post(relay, "/whip/mine", await _offer(), SDP)
+    assert status == 201
+    viewer_offer = await _offer(direction="recvonly")
+    status, _, viewing = await _post(relay, "/whep/mine", viewer_offer, SDP)
+    assert status == 201
+    for path, offer in (("/whep/yours", viewer_offer), ("/whip/yours", await _offer())):
+        status, body, headers = await _post(relay, path, offer, SDP)
+        assert status == 429 and "max_sessions_per_client" in str(body["error"])
+        assert "Retry-After" in headers
+    async with relay.http.delete(relay.base + viewing["Location"]) as resp:
+        assert resp.status == 200
+    status, _, _ = await _post(relay, "/whep/yours", viewer_offer, SDP)
+    assert status == 201
+    async with relay.http.delete(relay.base + published["Location"]) as resp:
+        assert resp.status == 200
+
+
+async def test_sdp_size_and_line_limits_name_their_settings(relay_factory) -> None:
+    offer = await _offer()
+    size, lines = len(offer.encode()) + 200, len(offer.splitlines()) + 5
+    relay: Relay = await relay_factory(max_sdp_bytes=str(size), max_sdp_lines=str(lines))
+    padded = offer + "a=x-pad:" + "p" * 300 + "\r\n"
+    status, body, _ = await _post(relay, "/whip/s", padded, SDP)
+    assert status == 413 and "max_sdp_bytes" in str(body["error"])
+    long = offer + "a=x-pad\r\n" * 6
+    status, body, _ = await _post(relay, "/whip/s", long, SDP)
+    assert status == 400 and "max_sdp_lines" in str(body["error"])
+    status, _, headers = await _post(relay, "/whip/s", offer, SDP)
+    assert status == 201
+    trickle = "a=ice-ufrag:x\r\na=ice-pwd:y\r\n" + "a=end-of-candidates\r\n" * lines
+    async with relay.http.patch(
+        relay.base + headers["Location"], data=trickle,
+        headers={"Content-Type": "application/trickle-ice-sdpfrag"},
+    ) as resp:
+        assert resp.status == 400
+        assert "max_sdp_lines" in (await resp.json())["error"]
+    assert relay.service.streams.get("s").publisher is not None
+    async with relay.http.delete(relay.base + headers["Location"]) as resp:
+        assert resp.status == 200
+
+
+async def test_publishing_without_a_token_is_refused_from_other_hosts(relay_factory) -> None:
+    relay: Relay = await relay_factory(ice_servers="turn:u:secret@127.0.0.1:3478")
+    # Through a proxy the connection is loopback, but the client is not this host.
+    proxied = {**SDP, "X-Forwarded-For": "203.0.113.9"}
+    status, body, _ = await _post(relay, "/whip/s", await _offer(), proxied)
+    assert status == 403
+    assert "publish_token" in str(body["error"]) and "open_ingest" in str(body["error"])
+    assert relay.service.streams.by_name == {}
+    async with relay.http.options(relay.base + "/whip/s", headers=proxied) as resp:
+        assert resp.status == 204 and "Link" not in resp.headers
+    # Viewing needs no token, from anywhere.
+    status, _, _ = await _post(relay, "/whep/s", await _offer(direction="recvonly"), proxied)
+    assert status == 201
+    # This host itself publishes without one (the demo, a local encoder).
+    status, _, headers = await _post(relay, "/whip/s", await _offer(), SDP)
+    assert status == 201
+    async with relay.http.delete(relay.base + headers["Location"], headers=proxied) as resp:
+        assert resp.status == 403
+
+
+async def test_open_ingest_lets_anyone_publish_without_a_token(relay_factory) -> None:
+    relay: Relay = await relay_factory(open_ingest="true")
+    proxied = {**SDP, "Forwarded": "for=203.0.113.9"}
+    status, _, headers = await _post(relay, "/whip/s", await _offer(), proxied)
+    assert status == 201
+    async with relay.http.delete(relay.base + headers["Location"], headers=proxied) as resp:
+        assert resp.status == 200

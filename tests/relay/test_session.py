@@ -8,7 +8,16 @@ from collections.abc import Callable
 
 from aiortc import RTCRtpReceiver
 
-from sfu_sidecar.relay import PacketInfo, RelayObserver, SenderReport, aiortc_adapter, rtcp, sdp
+from sfu_sidecar.relay import (
+    DataChannel,
+    PacketInfo,
+    RelayObserver,
+    SenderReport,
+    ViewerHandle,
+    aiortc_adapter,
+    rtcp,
+    sdp,
+)
 from sfu_sidecar.relay.packet import RtpPacket, is_keyframe_start, seq_newer
 from sfu_sidecar.relay.session import ViewerSession
 from tests.relay.conftest import Relay
@@ -409,3 +418,38 @@ async def _until_no_publisher(relay: Relay, stream: str, limit_s: float = 5.0) -
             return
         assert asyncio.get_running_loop().time() < deadline, body
         await asyncio.sleep(0.02)
+
+
+class ChannelListener(RelayObserver):
+    """Records what reaches observers on each viewer's data channels."""
+
+    def __init__(self) -> None:
+        self.messages: dict[str, list[bytes | str]] = {}
+
+    def viewer_data_channel(self, viewer: ViewerHandle, channel: DataChannel) -> None:
+        received = self.messages.setdefault(viewer.id, [])
+        channel.on_message(received.append)
+
+
+async def test_data_channel_messages_over_the_rate_are_dropped_per_peer(relay_factory) -> None:
+    relay: Relay = await relay_factory(channel_messages_per_s="0.01")  # one message, no refill
+    listener = ChannelListener()
+    relay.service.add_observer(listener)
+    flooder = await view(relay.http, relay.base, "dc", kinds=("video",), data_channel=True)
+    calm = await view(relay.http, relay.base, "dc", kinds=("video",), data_channel=True)
+    try:
+        for peer, count in ((flooder, 20), (calm, 1)):
+            channel = peer.channel
+            await wait_for(lambda c=channel: c.readyState == "open", 5, "data channel open")
+            for i in range(count):
+                channel.send(f"m{i}")
+        dropped = 'sfu_sidecar_messages_dropped_total{channel="data_channel"} 19.0'
+        await wait_for(lambda: dropped in relay.service.metrics.render().decode(), 5,
+                       "the flood's messages dropped and counted")
+        await wait_for(lambda: sum(map(len, listener.messages.values())) == 2, 5,
+                       "each viewer's first message")
+        # Each peer has its own allowance: the flood cost the calm viewer nothing.
+        assert sorted(listener.messages.values()) == [["m0"], ["m0"]]
+    finally:
+        await flooder.close()
+        await calm.close()
