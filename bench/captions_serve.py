@@ -68,7 +68,9 @@ def serve_product(port: int, data_dir: Path) -> None:
     from sfu_sidecar.config import Settings
     from sfu_sidecar.metrics import Metrics
 
-    settings = Settings(data_dir=data_dir, publish_token=TOKEN, port=port, log_level="warning")
+    # The ingest phase measures the store, so the per-stream cue rate limit is lifted.
+    settings = Settings(data_dir=data_dir, publish_token=TOKEN, port=port, log_level="warning",
+                        max_cues_per_s=1e6)
     metrics = Metrics()
     app = build_app(settings, Components(metrics, captions=CaptionService(settings, metrics)))
     _run(app, port)

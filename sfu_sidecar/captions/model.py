@@ -170,8 +170,11 @@ def _time(value: Any, timebase: str, where: str) -> int:
     return round(value * 1000)
 
 
-def parse_json_batch(doc: Any) -> IngestBatch:
-    """Validate a JSON/msgpack ingest body: ``{"timebase", "lang", "cues": [...]}``."""
+def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBatch:
+    """Validate a JSON/msgpack ingest body: ``{"timebase", "lang", "cues": [...]}``.
+
+    ``max_cues`` is the service's ``max_cues_per_request`` setting.
+    """
     if not isinstance(doc, Mapping):
         raise Unprocessable("body must be a JSON object with timebase, lang and cues")
     timebase = doc.get("timebase")
@@ -181,9 +184,10 @@ def parse_json_batch(doc: Any) -> IngestBatch:
     raw_cues = doc.get("cues")
     if not isinstance(raw_cues, list) or not raw_cues:
         raise Unprocessable("cues must be a non-empty list")
-    if len(raw_cues) > MAX_CUES_PER_REQUEST:
+    if len(raw_cues) > max_cues:
         raise PayloadTooLarge(
-            f"{len(raw_cues)} cues in one request; at most {MAX_CUES_PER_REQUEST}"
+            f"{len(raw_cues)} cues in one request; at most {max_cues} "
+            "(setting max_cues_per_request)"
         )
     cues = []
     seen: set[str] = set()
@@ -219,7 +223,7 @@ def _check_interval(cue: CueInput, timebase: str, where: str) -> None:
         raise Unprocessable(f"{where}: a cue may last at most {MAX_CUE_MS // 1000} s")
 
 
-def parse_vtt_batch(body: bytes, lang: Any) -> IngestBatch:
+def parse_vtt_batch(body: bytes, lang: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBatch:
     """A ``text/vtt`` body: cue times are stream time; cue identifiers become cue ids."""
     lang = check_lang(lang)
     try:
@@ -228,9 +232,10 @@ def parse_vtt_batch(body: bytes, lang: Any) -> IngestBatch:
         raise Unprocessable(f"not a WebVTT file: {exc.reason}") from None
     if not result.cues:
         raise Unprocessable("the WebVTT file has no valid cues")
-    if len(result.cues) > MAX_CUES_PER_REQUEST:
+    if len(result.cues) > max_cues:
         raise PayloadTooLarge(
-            f"{len(result.cues)} cues in one request; at most {MAX_CUES_PER_REQUEST}"
+            f"{len(result.cues)} cues in one request; at most {max_cues} "
+            "(setting max_cues_per_request)"
         )
     cues = []
     seen: set[str] = set()

@@ -14,6 +14,7 @@ Routes::
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import msgpack
@@ -30,8 +31,22 @@ from sfu_sidecar.captions.model import (
     parse_vtt_batch,
 )
 from sfu_sidecar.captions.service import CaptionService
-from sfu_sidecar.exceptions import BadInput, NotFound, SidecarError, Unprocessable
-from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
+from sfu_sidecar.exceptions import (
+    BadInput,
+    NotFound,
+    SidecarError,
+    TooManyRequests,
+    Unprocessable,
+)
+from sfu_sidecar.httpapi import (
+    METRICS_KEY,
+    json_ok,
+    read_body,
+    require_content_type,
+    require_publish,
+)
+from sfu_sidecar.limits import MessageLimiter, RateLimits, Verdict, retry_after
+from sfu_sidecar.metrics import Metrics
 
 log = logs.get("captions.http")
 
@@ -41,7 +56,7 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 
 
 def add_routes(app: web.Application, service: CaptionService) -> None:
-    api = Api(service)
+    api = Api(service, app.get(METRICS_KEY) or Metrics())
     r = app.router
     r.add_post("/api/streams/{stream}/captions", api.post)
     r.add_get("/api/streams/{stream}/captions", api.feed)
@@ -111,11 +126,29 @@ def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) 
 
 
 class Api:
-    def __init__(self, service: CaptionService) -> None:
+    def __init__(self, service: CaptionService, metrics: Metrics) -> None:
         self.service = service
-        self.settings = service.settings
+        self.settings = s = service.settings
+        # A full bucket holds one request's worth, so any request within max_cues_per_request
+        # passes when the stream has been quiet.
+        self.cue_rates = RateLimits(s.max_cues_per_s, max(s.max_cues_per_request,
+                                                          s.max_cues_per_s))
+        self.ws_limiter = MessageLimiter("caption_ws", s.ws_messages_per_s,
+                                         metrics.messages_dropped, log)
+        self._refused = metrics.requests_limited
+
+    def _take_cues(self, stream: str, count: int) -> None:
+        wait_s = self.cue_rates.take(stream, count, time.monotonic())
+        if wait_s:
+            self._refused.labels("max_cues_per_s").inc()
+            raise TooManyRequests(
+                f"stream {stream} is over {self.settings.max_cues_per_s:g} cues/s "
+                "(setting max_cues_per_s); nothing of this request was stored",
+                retry_after=retry_after(wait_s),
+            )
 
     async def _ingest(self, stream: str, batch: IngestBatch) -> dict[str, Any]:
+        self._take_cues(stream, len(batch.cues))
         results = await self.service.ingest(stream, batch)
         return {
             "stream": stream,
@@ -126,18 +159,19 @@ class Api:
         }
 
     async def post(self, request: web.Request) -> web.Response:
-        require_bearer(request, self.settings.publish_token, "caption ingest")
+        require_publish(request, self.settings, "caption ingest")
         stream = check_stream(request.match_info["stream"])
         ctype = require_content_type(request, "application/json", "text/vtt")
         body = await read_body(request, self.settings.max_body_bytes)
+        most = self.settings.max_cues_per_request
         if ctype == "text/vtt":
-            batch = parse_vtt_batch(body, request.query.get("lang"))
+            batch = parse_vtt_batch(body, request.query.get("lang"), most)
         else:
-            batch = parse_json_batch(_decode_json(body))
+            batch = parse_json_batch(_decode_json(body), most)
         return json_ok(await self._ingest(stream, batch))
 
     async def delete(self, request: web.Request) -> web.Response:
-        require_bearer(request, self.settings.publish_token, "caption retraction")
+        require_publish(request, self.settings, "caption retraction")
         stream = check_stream(request.match_info["stream"])
         lang, cue_id = request.match_info["lang"], request.match_info["cue_id"]
         retracted = await self.service.retract(stream, lang, cue_id)
@@ -208,26 +242,43 @@ class Api:
         )
 
     async def websocket(self, request: web.Request) -> web.WebSocketResponse:
-        require_bearer(request, self.settings.publish_token, "caption ingest")
+        require_publish(request, self.settings, "caption ingest")
         stream = check_stream(request.match_info["stream"])
-        ws = web.WebSocketResponse(max_msg_size=self.settings.max_body_bytes, heartbeat=30.0)
+        ws = web.WebSocketResponse(max_msg_size=self.settings.ws_max_message_bytes,
+                                   heartbeat=30.0)
         await ws.prepare(request)
+        admit = self.ws_limiter.gate(f"{request.remote} on stream {stream}")
         async for msg in ws:
             if msg.type not in (WSMsgType.TEXT, WSMsgType.BINARY):
                 continue
             binary = msg.type == WSMsgType.BINARY
             reply: dict[str, Any]
             ref: Any = None
+            admission = admit()
+            if admission.verdict is Verdict.CLOSE:
+                # 1008: policy violation (RFC 6455 7.4.1); the reason names the setting.
+                await ws.close(code=1008, message=b"over ws_messages_per_s")
+                break
             try:
                 doc = (
                     _decode_msgpack(msg.data) if binary else _decode_json(msg.data.encode())
                 )
                 if isinstance(doc, dict):
                     ref = doc.get("ref")
+                if not admission.accepted:
+                    # Answered, not silently dropped: the producer matches replies by ref
+                    # and resends what it was told was not stored.
+                    raise TooManyRequests(
+                        f"over {self.settings.ws_messages_per_s:g} messages/s "
+                        "(setting ws_messages_per_s); message not processed",
+                        retry_after="1",
+                    )
                 reply = await self._ws_op(stream, doc)
                 reply.update(ok=True, ref=ref)
             except SidecarError as exc:
                 reply = {"ok": False, "ref": ref, "status": exc.status, "error": exc.reason}
+                if "Retry-After" in exc.headers:
+                    reply["retry_after"] = int(exc.headers["Retry-After"])
             except Exception:
                 log.exception("caption websocket message failed")
                 reply = {"ok": False, "ref": ref, "status": 500, "error": "internal error"}
@@ -242,7 +293,9 @@ class Api:
             raise Unprocessable("a message must be an object")
         op = doc.get("op", "cues")
         if op == "cues":
-            return await self._ingest(stream, parse_json_batch(doc))
+            return await self._ingest(
+                stream, parse_json_batch(doc, self.settings.max_cues_per_request)
+            )
         if op == "retract":
             lang, cue_id = doc.get("lang"), doc.get("id")
             if not isinstance(lang, str) or not isinstance(cue_id, str):

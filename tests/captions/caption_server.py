@@ -22,7 +22,9 @@ def main() -> None:
     parser.add_argument("--data-dir", type=Path, required=True)
     parser.add_argument("--token", default=None)
     args = parser.parse_args()
-    settings = Settings(data_dir=args.data_dir, publish_token=args.token, port=args.port)
+    # Kill tests and the benchmark drive ingest as fast as it goes: no per-stream cue rate.
+    settings = Settings(data_dir=args.data_dir, publish_token=args.token, port=args.port,
+                        max_cues_per_s=1e6)
     metrics = Metrics()
     app = build_app(settings, Components(metrics, captions=CaptionService(settings, metrics)))
     web.run_app(app, host="127.0.0.1", port=args.port, print=None, access_log=None)

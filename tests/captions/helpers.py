@@ -48,7 +48,7 @@ class Env:
 
 
 async def start_env(data_dir: Path, clock: Clock, **overrides: Any) -> Env:
-    settings = Settings(data_dir=data_dir, publish_token=TOKEN, **overrides)
+    settings = Settings(**{"data_dir": data_dir, "publish_token": TOKEN, **overrides})
     metrics = Metrics()
     service = CaptionService(settings, metrics, clock)
     app = build_app(settings, Components(metrics, captions=service))
