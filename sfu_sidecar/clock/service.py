@@ -40,6 +40,7 @@ from sfu_sidecar.clock.ptp import (
 )
 from sfu_sidecar.config import HostPort, Settings
 from sfu_sidecar.httpapi import json_ok
+from sfu_sidecar.limits import MessageLimiter, Verdict
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.tasks import Tasks
 
@@ -53,7 +54,7 @@ TICK_S = 0.25
 DEFAULT_NTP_POLL_S = 16.0
 NTP_BURST = 4
 NTP_BURST_GAP_S = 1.0
-WS_MAX_MSG = 4096
+WS_MAX_MSG = 4096  # a join message is under 200 bytes; ws_max_message_bytes may lower it
 
 
 def _clock_identity() -> bytes:
@@ -110,6 +111,8 @@ class ClockService:
         self._c_bad = metrics.counter("clock_bad_packets", "Unreadable clock packets",
                                       ("protocol",))
         self._g_joins = metrics.gauge("clock_join_peers", "Peers connected to /api/clock/ws")
+        self.ws_limiter = MessageLimiter("clock_ws", settings.ws_messages_per_s,
+                                         metrics.messages_dropped, log)
         self._update_gauges()
 
     # -- public API ---------------------------------------------------------------------------
@@ -359,13 +362,23 @@ class ClockService:
         return json_ok(self.status())
 
     async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(max_msg_size=WS_MAX_MSG, heartbeat=30.0)
+        ws = web.WebSocketResponse(
+            max_msg_size=min(WS_MAX_MSG, self.settings.ws_max_message_bytes), heartbeat=30.0
+        )
         await ws.prepare(request)
         self._ws.add(ws)
         peer = f"{request.remote}:{id(ws):x}"
+        admit = self.ws_limiter.gate(peer)
         try:
             async for msg in ws:
                 t2 = self.now_ns()  # as early as possible after the frame was read
+                admission = admit()
+                if admission.verdict is Verdict.CLOSE:
+                    # 1008: policy violation (RFC 6455 7.4.1); the reason names the setting.
+                    await ws.close(code=1008, message=b"over ws_messages_per_s")
+                    break
+                if not admission.accepted:
+                    continue  # dropped unanswered: the joining client times that exchange out
                 try:
                     if msg.type == WSMsgType.TEXT:
                         decoded = exchange.decode_json(msg.data)

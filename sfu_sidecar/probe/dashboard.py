@@ -20,12 +20,15 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from sfu_sidecar import logs
+from sfu_sidecar.exceptions import AtCapacity
+from sfu_sidecar.limits import MessageLimiter, Verdict
 from sfu_sidecar.tasks import Tasks
 
 log = logs.get("probe.dashboard")
 
 HISTORY_TICKS = 120  # two minutes of one-second ticks
 MAX_DASHBOARDS = 64
+MAX_MESSAGE_BYTES = 4096  # dashboards send nothing the hub reads
 
 
 def dumps(obj: Any) -> str:
@@ -44,8 +47,13 @@ class DashboardHub:
     """Open dashboards and the recent ticks; ``publish`` sends one tick to all."""
 
     def __init__(self, hello: Callable[[], dict[str, Any]],
-                 history: int = HISTORY_TICKS) -> None:
+                 history: int = HISTORY_TICKS, *, limiter: MessageLimiter | None = None,
+                 max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self._hello = hello  # static part of the first message (alert rules, version)
+        # What a dashboard sends is ignored, but a peer flooding messages still costs reads:
+        # over the rate it is closed.
+        self.limiter = limiter
+        self.max_message_bytes = max_message_bytes
         # Ticks as sent, or as built while no dashboard was open (serialised when one opens).
         self.history: deque[str | dict[str, Any]] = deque(maxlen=history)
         self.dashboards: set[_Dashboard] = set()
@@ -87,15 +95,20 @@ class DashboardHub:
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         """``GET /api/dashboard/ws``: read-only; whatever a dashboard sends is ignored."""
         if len(self.dashboards) >= MAX_DASHBOARDS:
-            raise web.HTTPServiceUnavailable(reason="too many open dashboards")
-        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=4096)
+            raise AtCapacity(f"{MAX_DASHBOARDS} dashboards are open, the most this server "
+                             "pushes to; close one", retry_after="5")
+        ws = web.WebSocketResponse(heartbeat=20.0, max_msg_size=self.max_message_bytes)
         await ws.prepare(request)
         dash = _Dashboard(ws)
+        admit = self.limiter.gate(str(request.remote)) if self.limiter is not None else None
         try:
             await ws.send_str(self.hello_text())
             self.dashboards.add(dash)
             async for msg in ws:
                 if msg.type == WSMsgType.ERROR:
+                    break
+                if admit is not None and admit().verdict is Verdict.CLOSE:
+                    await ws.close(code=1008, message=b"over ws_messages_per_s")
                     break
         except ConnectionError:
             pass

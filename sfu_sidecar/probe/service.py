@@ -26,11 +26,12 @@ from sfu_sidecar import __version__, logs
 from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound
-from sfu_sidecar.httpapi import json_ok, read_body, require_bearer, require_content_type
+from sfu_sidecar.httpapi import json_ok, read_body, require_content_type, require_publish
+from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe import gpu
 from sfu_sidecar.probe.alerts import DISCONTINUITY_HOLD_NS, AlertEvent, Alerts, Rule
-from sfu_sidecar.probe.dashboard import DashboardHub
+from sfu_sidecar.probe.dashboard import MAX_MESSAGE_BYTES, DashboardHub
 from sfu_sidecar.probe.exposition import ProbeCollector, ProbeHistograms, StreamLabels
 from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Renderers
 from sfu_sidecar.probe.stats import BucketCounts, TrackStats, capture_skew_ms
@@ -146,7 +147,12 @@ class ProbeService(RelayObserver):
         self.bad_inputs: dict[str, int] = {}
         self.histograms = ProbeHistograms(metrics)
         metrics.registry.register(ProbeCollector(self))
-        self.hub = DashboardHub(self._hello)
+        self.hub = DashboardHub(
+            self._hello,
+            limiter=MessageLimiter("dashboard_ws", settings.ws_messages_per_s,
+                                   metrics.messages_dropped, log),
+            max_message_bytes=min(MAX_MESSAGE_BYTES, settings.ws_max_message_bytes),
+        )
         # Seconds between automatic ticks; None leaves ticking to the owner (tests, benchmarks).
         self.tick_s: float | None = TICK_S
         self._events: list[AlertEvent] = []
@@ -540,7 +546,7 @@ class ProbeService(RelayObserver):
                         "renderers": [s.as_dict() for s in self.renderers]})
 
     async def _gpu_report_route(self, request: web.Request) -> web.Response:
-        require_bearer(request, self.settings.publish_token, "GPU reports")
+        require_publish(request, self.settings, "GPU reports")
         try:
             require_content_type(request, "application/json")
             body = await read_body(request, self.settings.max_body_bytes)

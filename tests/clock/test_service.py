@@ -26,9 +26,9 @@ from sfu_sidecar.metrics import Metrics
 Body = Callable[[Any, ClockService, Metrics], Awaitable[None]]
 
 
-def run(body: Body) -> None:
+def run(body: Body, **flags: str) -> None:
     async def main() -> None:
-        settings = load_settings({})
+        settings = load_settings(flags)
         metrics = Metrics()
         clock = ClockService(settings, metrics)
         app = build_app(settings, Components(metrics, clock=clock))
@@ -87,6 +87,23 @@ def test_websocket_json_and_msgpack() -> None:
                                                      "rtt_ns": 18}]
 
     run(body)
+
+
+def test_websocket_over_its_rate_is_dropped_then_closed_1008() -> None:
+    async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
+        async with c.ws_connect("/api/clock/ws") as ws:
+            await ws.send_str(json.dumps({"type": "clock_req", "t1": 1}))
+            assert json.loads(await ws.receive_str())["t1"] == 1
+            for t1 in range(2, 8):  # one message a hundred seconds: all of these are over
+                await ws.send_str(json.dumps({"type": "clock_req", "t1": t1}))
+            # The five dropped are not answered; the sixth in a row ends the connection.
+            msg = await ws.receive()
+            assert msg.type == aiohttp.WSMsgType.CLOSE
+            assert ws.close_code == 1008
+        assert 'sfu_sidecar_messages_dropped_total{channel="clock_ws"} 6.0' in (
+            metrics.render().decode())
+
+    run(body, ws_messages_per_s="0.01")
 
 
 @pytest.mark.parametrize("bad", ['{"type":"clock_req"}', "nope",

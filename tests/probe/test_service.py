@@ -53,9 +53,9 @@ class App:
             return resp.status, await resp.json()
 
 
-async def start_app(tmp_path: Path, *, ticking: bool) -> AsyncIterator[App]:
+async def start_app(tmp_path: Path, *, ticking: bool, **flags: str) -> AsyncIterator[App]:
     settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path),
-                              "publish_token": TOKEN})
+                              "publish_token": TOKEN, **flags})
     application = build_app(settings)
     probe = application[SERVICES_KEY].components.probe
     assert probe is not None
@@ -365,6 +365,30 @@ async def test_dashboard_push_starts_with_history_then_ticks(ticking_app: App) -
         assert tick["type"] == "tick" and "live" in tick["streams"]
         assert probe.hub.pushes >= 1
     await wait_for(lambda: not probe.hub.dashboards, 5, "the dashboard to leave")
+
+
+async def test_gpu_reports_without_a_token_come_only_from_this_host(tmp_path: Path) -> None:
+    async for app in start_app(tmp_path, ticking=False, publish_token=""):
+        url = app.base + "/api/gpu/report"
+        async with app.http.post(url, json=gpu_report(),
+                                 headers={"X-Forwarded-For": "203.0.113.9"}) as resp:
+            assert resp.status == 403
+            assert "publish_token" in (await resp.json())["error"]
+        async with app.http.post(url, json=gpu_report()) as resp:
+            assert resp.status == 200
+
+
+async def test_a_dashboard_that_floods_its_socket_is_closed_1008(tmp_path: Path) -> None:
+    async for app in start_app(tmp_path, ticking=False, ws_messages_per_s="0.01"):
+        async with app.http.ws_connect(app.base + "/api/dashboard/ws") as ws:
+            assert json.loads((await ws.receive(timeout=5)).data)["type"] == "hello"
+            for _ in range(7):  # one allowed, five dropped, the sixth drop closes
+                await ws.send_str("{}")
+            msg = await ws.receive(timeout=5)
+            assert msg.type == aiohttp.WSMsgType.CLOSE
+            assert ws.close_code == 1008
+        async with app.http.get(app.base + "/metrics") as resp:
+            assert 'messages_dropped_total{channel="dashboard_ws"} 6.0' in await resp.text()
 
 
 async def test_dashboard_page_and_its_vendored_plot_library_are_served(app: App) -> None:
