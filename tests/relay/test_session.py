@@ -354,7 +354,9 @@ async def test_hooks_see_packets_sender_reports_and_data_channels(relay: Relay) 
     assert recorder_done <= 1
     try:
         await frames(v.tracks["video"], 10, limit_s=10)
-        await wait_for(lambda: len(recorder.reports) >= 2, 6, "publisher sender reports")
+        # aiortc reports each kind on its own random interval: wait for one of each.
+        await wait_for(lambda: {k for _, k, _ in recorder.reports} == {"audio", "video"}, 10,
+                       "publisher sender reports of both kinds")
         session = recorder.connected[0]
         assert session.accepts_data_channel
         await wait_for(lambda: "hello" in session.data_channels, 5, "viewer's data channel")
