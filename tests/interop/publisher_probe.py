@@ -330,9 +330,14 @@ def figures(kind: str, viewer: peers.Peer, records: ViewerRecords, truth: Truth,
         rows.sort()
         backwards = sum(1 for a, b in itertools.pairwise(rows) if b[2] <= a[2])
         rate_ppm = None
-        if len(rows) > 10:
-            xs = [r[0] / NS for r in rows]
-            ys = [r[2] / NS for r in rows]
+        # The rate of the steady timeline: from the last change of source on (a switch from
+        # arrival to sender reports is one step, checked by ``backwards``, not a rate).
+        last_switch = max((i for i in range(1, len(rows)) if rows[i][3] != rows[i - 1][3]),
+                          default=0)
+        steady = rows[last_switch:]
+        if len(steady) > 10:
+            xs = [r[0] / NS for r in steady]
+            ys = [r[2] / NS for r in steady]
             rate_ppm = (statistics.linear_regression(xs, ys).slope - 1.0) * 1e6
         errors = []
         for _, ts, capture, _, _ in rows:

