@@ -359,6 +359,9 @@ def figures(kind: str, viewer: peers.Peer, records: ViewerRecords, truth: Truth,
                 truth_n=len(errors), err_median_ms=statistics.median(errors) / 1e6,
                 abs_err_p95_ms=absolute[int(0.95 * (len(absolute) - 1))] / 1e6,
                 abs_err_max_ms=absolute[-1] / 1e6)
+            middle = statistics.median(errors)
+            spread = sorted(abs(e - middle) for e in errors)
+            entry["err_spread_p95_ms"] = spread[int(0.95 * (len(spread) - 1))] / 1e6
         out[media] = entry
     if errors_by_kind.get("audio") and errors_by_kind.get("video"):
         out["av_skew_ms"] = (statistics.median(errors_by_kind["audio"])
