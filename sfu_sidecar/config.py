@@ -400,6 +400,16 @@ class Settings:
         10.0, _parse_float(1.0, 3600.0),
         "seconds without media before a publisher counts as gone", metavar="SECONDS",
     )
+    session_connect_timeout_s: float = _setting(
+        30.0, _parse_float(1.0, 3600.0),
+        "seconds a WHIP or WHEP session may take to connect (ICE and DTLS) before it is dropped",
+        metavar="SECONDS",
+    )
+    ice_consent_timeout_s: float = _setting(
+        30.0, _parse_float(1.0, 3600.0),
+        "seconds without an answer to ICE consent checks before a connected peer counts as "
+        "gone (RFC 7675; checked six times per period)", metavar="SECONDS",
+    )
     ptp_interface: str | None = _setting(
         None, _parse_optional_str, "network interface for the PTPv2 slave (PTP off when unset)",
         metavar="IFACE",

@@ -19,6 +19,9 @@ What is used, and why:
 * ``aioice.Connection.gather_candidates`` is replaced per instance to bind the configured
   addresses and port range: aioice skips 127.0.0.1 and has no port-range option.
 * ``aiortc.codecs.HEADER_EXTENSIONS`` is extended to negotiate extra header extensions.
+* ``aioice.ice.CONSENT_INTERVAL`` sets how often a connected pair's consent is checked (RFC
+  7675); aioice closes the connection after ``CONSENT_FAILURES`` checks in a row go unanswered,
+  which is how the relay learns that a peer vanished without a DELETE.
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ __all__ = [
     "on_rtp",
     "rtp_sender",
     "sender_ssrcs",
+    "set_consent_timeout",
     "silence_sender",
     "tap_received",
 ]
@@ -76,6 +80,8 @@ REQUIRED: tuple[tuple[object, str], ...] = (
     (aioice.ice.Connection, "gather_candidates"),
     (aioice.ice.StunProtocol, "send_data"),
     (aioice.ice, "get_host_addresses"),
+    (aioice.ice, "CONSENT_INTERVAL"),
+    (aioice.ice, "CONSENT_FAILURES"),
     (RemoteBitrateEstimator, "add"),
 )
 _INSTANCE_FIELDS = {
@@ -129,6 +135,18 @@ async def close_peer(pc: RTCPeerConnection) -> None:
         await pc.close()
     except Exception as exc:  # aiortc internals, half built
         log.warning("closing a peer connection failed inside aiortc: %r", exc)
+
+
+def set_consent_timeout(timeout_s: float) -> None:
+    """Make every aioice connection in this process give up on its peer after ``timeout_s``
+    of unanswered consent checks (process-wide, like the header extensions).
+
+    aioice checks every ``CONSENT_INTERVAL`` (randomised 0.8-1.2x) and closes the connection
+    after ``CONSENT_FAILURES`` failures in a row: 6 x 5 s, RFC 7675's 30 s. The count is kept
+    and the interval scaled, so a peer is still given six chances.
+    """
+    # setattr: aioice declares the interval an int; a float is what its sleep takes anyway.
+    setattr(aioice.ice, "CONSENT_INTERVAL", timeout_s / aioice.ice.CONSENT_FAILURES)  # noqa: B010
 
 
 def negotiate_header_extension(kind: str, uri: str) -> None:

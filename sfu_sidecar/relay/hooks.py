@@ -173,6 +173,10 @@ class RelayObserver:
     def publisher_connected(self, publisher: PublisherHandle) -> None:
         """The publisher's transport is up."""
 
+    def publisher_closed(self, publisher: PublisherHandle) -> None:
+        """The publisher ended: DELETE, or dropped as gone (no media, transport lost, never
+        connected). The stream and its viewers stay; another publisher may take over."""
+
     def publisher_data_channel(self, publisher: PublisherHandle, channel: DataChannel) -> None:
         """The publisher opened a DataChannel (a ``sync`` channel carries its clock join).
         Attach message handlers here, not later: messages that arrive before a handler is

@@ -15,7 +15,12 @@ from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
-from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+from sfu_sidecar.relay.session import (
+    ENDED_REFUSED,
+    ENDED_SHUTDOWN,
+    PublisherSession,
+    ViewerSession,
+)
 from sfu_sidecar.relay.streams import Streams
 
 log = logs.get("relay")
@@ -68,6 +73,7 @@ class RelayService:
 
     async def start(self) -> None:
         await adapter.check()
+        adapter.set_consent_timeout(self.settings.ice_consent_timeout_s)
         for kind, uri in self.header_extensions:
             adapter.negotiate_header_extension(kind, uri)
 
@@ -77,7 +83,8 @@ class RelayService:
             if stream.publisher is not None:
                 sessions.append(stream.publisher)
             sessions.extend(stream.viewers.values())
-        await asyncio.gather(*(s.close() for s in sessions), return_exceptions=True)
+        await asyncio.gather(*(s.close(ENDED_SHUTDOWN) for s in sessions),
+                             return_exceptions=True)
 
     async def publish(self, name: str, offer: str) -> PublisherSession:
         stream = self.streams.get_or_create(name)
@@ -87,7 +94,7 @@ class RelayService:
         try:
             await session.negotiate(offer)
         except BaseException:
-            await session.close()
+            await session.close(ENDED_REFUSED)
             raise
         self._accepted["publishers"] += 1
         return session
@@ -101,7 +108,7 @@ class RelayService:
         try:
             await session.negotiate(offer)
         except BaseException:
-            await session.close()
+            await session.close(ENDED_REFUSED)
             raise
         self._accepted["viewers"] += 1
         return session
@@ -163,6 +170,13 @@ class _RelayCollector(Collector):
         sessions = CounterMetricFamily(
             f"{NAMESPACE}_relay_sessions", "sessions accepted", labels=["role"]
         )
+        ended = CounterMetricFamily(
+            f"{NAMESPACE}_relay_sessions_ended",
+            "sessions ended, by why: deleted, connect_timeout, disconnected (ICE consent or "
+            "DTLS lost), no_media, refused, shutdown", labels=["role", "reason"],
+        )
+        for (role, reason), count in sorted(s.streams.ended.items()):
+            ended.add_metric([role, reason], count)
         live = 0
         for stream in list(s.streams.by_name.values()):
             live += stream.publisher is not None
@@ -182,4 +196,5 @@ class _RelayCollector(Collector):
         publishers.add_metric([], live)
         sessions.add_metric(["publisher"], s._accepted["publishers"])
         sessions.add_metric(["viewer"], s._accepted["viewers"])
-        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, sessions)
+        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, sessions,
+                    ended)

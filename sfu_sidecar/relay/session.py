@@ -51,6 +51,14 @@ RTCP_INTERVAL_NS = 1_000_000_000  # RR/SR about once a second (RFC 3550 §6.2 mi
 
 _closing = Tasks("session", log)  # closes started from aiortc callbacks, which cannot await
 
+# Why a session ended, as counted in ``relay_sessions_ended``.
+ENDED_DELETED = "deleted"  # the client's DELETE (the default for a plain ``close()``)
+ENDED_CONNECT_TIMEOUT = "connect_timeout"  # ICE/DTLS not up within session_connect_timeout_s
+ENDED_DISCONNECTED = "disconnected"  # the transport failed or closed: consent lost, DTLS down
+ENDED_NO_MEDIA = "no_media"  # a publisher silent for publisher_timeout_s
+ENDED_REFUSED = "refused"  # negotiation failed
+ENDED_SHUTDOWN = "shutdown"
+
 
 class StreamSlot(Protocol):
     """What a session needs of the stream it belongs to (``streams.Stream`` is one)."""
@@ -186,6 +194,8 @@ class _PeerSession:
         self.ice_ufrag: str | None = None
         self.ice_pwd: str | None = None
         self.closed = asyncio.Event()
+        self.ended_reason: str | None = None
+        self.connected_once = False
         self._send_rtcp: Callable[[bytes], None] | None = None
         self._tasks = Tasks(f"{role}-{self.id[:8]}", log)
         # One rate for all of this peer's channels: a second channel buys it nothing.
@@ -197,6 +207,23 @@ class _PeerSession:
     @property
     def stream_name(self) -> str:
         return self.stream.name
+
+    async def _connect_deadline(self) -> None:
+        """Drop the session if it never connects: a client that POSTed and vanished leaves no
+        ICE pair for consent checks to fail on, and aioice waits for remote candidates that a
+        trickling client may never send."""
+        timeout_s = self.settings.session_connect_timeout_s
+        await asyncio.sleep(timeout_s)
+        if not self.connected_once and not self.closed.is_set():
+            log.info("%s on %s: not connected after %.0f s, dropping", self.id[:8],
+                     self.stream.name, timeout_s)
+            _later(self.close(ENDED_CONNECT_TIMEOUT))
+
+    def _transport_lost(self) -> None:
+        _later(self.close(ENDED_DISCONNECTED))
+
+    async def close(self, reason: str = ENDED_DELETED) -> None:
+        raise NotImplementedError
 
     async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
         sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
@@ -304,6 +331,7 @@ class PublisherSession(_PeerSession):
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
         self._tasks.start("tick", self._tick())
+        self._tasks.start("connect-deadline", self._connect_deadline())
         log.info("publisher %s on %s: %s (%d mDNS candidates dropped)", self.id[:8],
                  self.stream.name, ", ".join(f"{t.kind} {t.codec.name}" for t in self.tracks),
                  dropped)
@@ -314,11 +342,12 @@ class PublisherSession(_PeerSession):
         state = self.pc.connectionState
         self.state = state
         if state == "connected":
+            self.connected_once = True
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
             self._notify("publisher_connected", lambda o: o.publisher_connected(self))
         elif state in ("failed", "closed"):
-            _later(self.close())
+            self._transport_lost()
 
     # --- packet path ----------------------------------------------------------------------
 
@@ -396,16 +425,18 @@ class PublisherSession(_PeerSession):
             if time.monotonic() - self._last_packet_mono > timeout_s:
                 log.info("publisher %s on %s: no media for %.0f s, dropping", self.id[:8],
                          self.stream.name, timeout_s)
-                _later(self.close())
+                _later(self.close(ENDED_NO_MEDIA))
                 return
 
-    async def close(self) -> None:
+    async def close(self, reason: str = ENDED_DELETED) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
         self.state = "closed"
+        self.ended_reason = reason
         await self._tasks.stop()
         self.stream.publisher_closed(self)
+        self._notify("publisher_closed", lambda o: o.publisher_closed(self))
         await adapter.close_peer(self.pc)
 
     def status(self) -> dict[str, Any]:
@@ -455,7 +486,6 @@ class ViewerSession(_PeerSession):
         self.accepts_data_channel = False
         self.cname = "sfu-sidecar"
         self._send_rtp: Callable[[bytes], None] | None = None
-        self._connected_once = False
 
     def _channel_opened(self, channel: ChannelHandle) -> None:
         self._notify("viewer_data_channel", lambda o: o.viewer_data_channel(self, channel))
@@ -528,14 +558,15 @@ class ViewerSession(_PeerSession):
             answer_text = sdpmod.add_media_attributes(answer_text, clock_lines)
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
+        self._tasks.start("connect-deadline", self._connect_deadline())
         self.answer_sdp = answer_text
         return answer_text
 
     def _on_state(self) -> None:
         state = self.pc.connectionState
         self.state = state
-        if state == "connected" and not self._connected_once:
-            self._connected_once = True
+        if state == "connected" and not self.connected_once:
+            self.connected_once = True
             dtls = adapter.dtls_transports(self.pc)[0]
             self._send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
             for output in self.outputs.values():
@@ -544,7 +575,7 @@ class ViewerSession(_PeerSession):
             self._tasks.start("rtcp", self._rtcp_loop())
             self._notify("viewer_connected", lambda o: o.viewer_connected(self))
         elif state in ("failed", "closed"):
-            _later(self.close())
+            self._transport_lost()
 
     def _on_rtcp(self, data: bytes) -> None:
         now = self.now_ns()
@@ -617,11 +648,12 @@ class ViewerSession(_PeerSession):
                     + rtcp.build_sdes_cname(output.config.ssrc, self.cname)
                 )
 
-    async def close(self) -> None:
+    async def close(self, reason: str = ENDED_DELETED) -> None:
         if self.closed.is_set():
             return
         self.closed.set()
         self.state = "closed"
+        self.ended_reason = reason
         for output in self.outputs.values():
             output.transmit = None
         await self._tasks.stop()

@@ -6,6 +6,7 @@ drops and comes back continues the same tracks (sequence numbers and timestamps 
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from sfu_sidecar import logs
@@ -19,8 +20,14 @@ log = logs.get("relay.streams")
 
 
 class Stream:
-    def __init__(self, name: str, on_empty: Any = None) -> None:
+    def __init__(
+        self, name: str, on_empty: Any = None,
+        ended: Counter[tuple[str, str]] | None = None,
+    ) -> None:
         self.name = name
+        # Sessions ended, by (role, reason): shared by every stream (``Streams.ended``), since
+        # a stream itself goes when its last session does.
+        self.ended: Counter[tuple[str, str]] = ended if ended is not None else Counter()
         self.publisher: PublisherSession | None = None
         self.viewers: dict[str, ViewerSession] = {}
         self.forwarders: dict[str, TrackForwarder] = {}
@@ -55,6 +62,7 @@ class Stream:
         self.publishers_seen += 1
 
     def publisher_closed(self, session: PublisherSession) -> None:
+        self.ended["publisher", session.ended_reason or "unknown"] += 1
         if self.publisher is session:
             self.publisher = None
             self._request_keyframe = None
@@ -71,6 +79,7 @@ class Stream:
                 fw.add_output(output)
 
     def viewer_closed(self, session: ViewerSession) -> None:
+        self.ended["viewer", session.ended_reason or "unknown"] += 1
         self.viewers.pop(session.id, None)
         for kind, output in session.outputs.items():
             fw = self.forwarders.get(kind)
@@ -113,11 +122,12 @@ class Streams:
 
     def __init__(self) -> None:
         self.by_name: dict[str, Stream] = {}
+        self.ended: Counter[tuple[str, str]] = Counter()
 
     def get_or_create(self, name: str) -> Stream:
         stream = self.by_name.get(name)
         if stream is None:
-            stream = Stream(name, on_empty=self._drop)
+            stream = Stream(name, on_empty=self._drop, ended=self.ended)
             self.by_name[name] = stream
         return stream
 
