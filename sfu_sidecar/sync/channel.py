@@ -43,6 +43,7 @@ from sfu_sidecar.sync.wire import (
     ClockResp,
     ControlMessage,
     Epoch,
+    PublisherState,
     SyncWireError,
     Telemetry,
     parse_message,
@@ -61,6 +62,9 @@ CATCH_UP_AHEAD_S = 120.0
 # How long the epoch waits for a publisher's clock join before an estimated capture time
 # fixes it: a join lands within a fraction of a second of the channel opening.
 EPOCH_SETTLE_NS = 2_000_000_000
+# The publisher state is repeated this often: the channel is unreliable, and state is repeated
+# rather than retransmitted (proto/sync.md).
+STATE_REPEAT_NS = 1_000_000_000
 
 
 @dataclass
@@ -71,6 +75,7 @@ class _Viewer:
     telemetry: Telemetry | None = None
     clock_report: ClockReport | None = None
     started_ns: int = 0
+    state_sent_ns: int = 0  # when the publisher state last went into the batcher
 
 
 @dataclass
@@ -156,6 +161,28 @@ class SyncService(RelayObserver):
 
     def publisher_connected(self, publisher: PublisherHandle) -> None:
         self._publisher_session(publisher.stream_name, publisher.id)
+        self._announce(publisher.stream_name)
+
+    def publisher_closed(self, publisher: PublisherHandle) -> None:
+        self._announce(publisher.stream_name)
+
+    def _publisher_live(self, stream_name: str) -> bool:
+        stream = self.relay.streams.by_name.get(stream_name)
+        publisher = stream.publisher if stream is not None else None
+        return (publisher is not None and publisher.connected_once
+                and not publisher.closed.is_set())
+
+    def _send_state(self, entry: _Viewer, now_ns: int) -> None:
+        stream = entry.session.stream_name
+        entry.sync.batcher.add_control(PublisherState(stream, self._publisher_live(stream)))
+        entry.state_sent_ns = now_ns
+
+    def _announce(self, stream: str) -> None:
+        """Tell every viewer of ``stream`` whether it has a live publisher now."""
+        now = self.now_ns()
+        for entry in self.viewers.values():
+            if entry.session.stream_name == stream:
+                self._send_state(entry, now)
 
     def publisher_packet(
         self, stream: str, publisher_id: str, packet: PacketInfo
@@ -229,6 +256,7 @@ class SyncService(RelayObserver):
             output.observers.append(self._forwarded_observer(entry, stream, kind))
             output.sender_report_rewriter = self._sr_rewriter(entry, kind)
         self.viewers[viewer.id] = entry
+        self._send_state(entry, entry.started_ns)
         self._catch_up(entry, stream)
 
     def viewer_closed(self, viewer: ViewerHandle) -> None:
@@ -361,6 +389,8 @@ class SyncService(RelayObserver):
             channel = self._attach(entry)
             if channel is None:
                 continue
+            if now - entry.state_sent_ns >= STATE_REPEAT_NS:
+                self._send_state(entry, now)
             try:
                 raw = entry.sync.poll(now, channel.buffered_amount)
                 if raw is not None:

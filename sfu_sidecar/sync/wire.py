@@ -292,6 +292,17 @@ _STR, _INT, _FLOAT, _BOOL = str, int, float, bool
 
 
 @dataclass(frozen=True, slots=True)
+class PublisherState:
+    """Whether the stream has a live publisher: sent at join, on every change and repeated,
+    so a viewer learns that the publisher left (DELETE, or reaped when it vanished) and when
+    another took over."""
+
+    stream: str
+    live: bool
+    type: ClassVar[str] = "publisher"
+
+
+@dataclass(frozen=True, slots=True)
 class Telemetry:
     """What a viewer reports about its own mapping, a few times a minute."""
 
@@ -328,12 +339,14 @@ class UnknownControl:
 
 KnownControl = (
     Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry | Playout
+    | PublisherState
 )
 Control = KnownControl | UnknownControl
 
 CONTROL_TYPES: dict[str, type[KnownControl]] = {
     cls.type: cls
-    for cls in (Epoch, Cue, CueRetract, ClockReq, ClockResp, ClockReport, Telemetry, Playout)
+    for cls in (Epoch, Cue, CueRetract, ClockReq, ClockResp, ClockReport, Telemetry, Playout,
+                PublisherState)
 }
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
 

@@ -28,6 +28,7 @@ from sfu_sidecar.sync.wire import (
     CueRetract,
     Epoch,
     FrameRecord,
+    PublisherState,
     Source,
     Telemetry,
     UnknownControl,
@@ -163,6 +164,7 @@ def _valid() -> list[tuple[str, wire.Message]]:
         ("control clock_report, negative",
          ControlMessage(ClockReport(-2_500_000, 40_000, 900_000))),
         ("control telemetry", ControlMessage(Telemetry("demo", T0, 150, 149, 0))),
+        ("control publisher gone", ControlMessage(PublisherState("demo", False))),
         ("control unknown type kept", ControlMessage(UnknownControl("future", {"x": 1}))),
     ]
 

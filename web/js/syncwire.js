@@ -37,6 +37,7 @@ export const CONTROL_SCHEMAS = Object.freeze({
     ["lost_batches", "int"]],
   playout: [["stream", "str"], ["t_ns", "int"], ["frames", "int"], ["av_skew_ms", "float"],
     ["captions", "int"], ["caption_error_ms", "float"], ["resyncs", "int"]],
+  publisher: [["stream", "str"], ["live", "bool"]],
 });
 
 const I64_MIN = -(1n << 63n);
