@@ -12,7 +12,8 @@ What is checked (RFC 8866 for the syntax, RFC 8829 for what a JSEP offer always 
 
 * size: at most ``max_lines`` lines (:data:`MAX_LINES` unless the service's setting says
   otherwise) of at most :data:`MAX_LINE_CHARS` characters;
-* syntax: ``v=0`` first, then only ``<letter>=<value>`` lines;
+* syntax: ``v=0`` first, then only ``<letter>=<value>`` lines; a connection line is
+  ``c=IN IP4|IP6 <address>`` (RFC 8866 5.7), the only form aiortc reads;
 * m-lines: 1 to :data:`MAX_MEDIA_SECTIONS` of them, each ``m=<kind> <port> <proto> <fmt>...``
   with kind audio, video or application (at most one application), a port 0-65535 and, for
   audio and video, payload types 0-127 outside the RTCP-conflict range 72-76 (RFC 5761 4);
@@ -20,6 +21,9 @@ What is checked (RFC 8866 for the syntax, RFC 8829 for what a JSEP offer always 
   attribute, at least one ``a=rtpmap`` (codecs present), each for a payload type the m-line
   lists, and well-formed ``a=rtpmap``, ``a=fmtp``, ``a=rtcp-fb``, ``a=extmap``, ``a=ssrc`` and
   ``a=ssrc-group`` lines;
+* candidates: ``a=candidate`` lines have the RFC 8839 5.1 fields (foundation, component,
+  transport, priority, address, port, ``typ`` and a type) with numbers where numbers belong,
+  ``rport`` included;
 * BUNDLE: every mid a ``a=group:BUNDLE`` names belongs to an m-line;
 * transport: ICE credentials, ``a=setup`` and a DTLS fingerprint with a hash this server can
   verify, in the section or at session level.
@@ -67,6 +71,8 @@ _EXTMAP = re.compile(r"([0-9]{1,3})(?:/(?:sendrecv|sendonly|recvonly|inactive))?
 _SSRC = re.compile(r"([0-9]{1,10}) ([^:\s]+)(?::.*)?")
 _FINGERPRINT = re.compile(r"(\S+) ((?:[0-9A-Fa-f]{2})(?::[0-9A-Fa-f]{2})*)")
 _MID = re.compile(r"\S+")
+_CONNECTION = re.compile(r"IN IP[46] [^ ]+")
+_CANDIDATE = re.compile(r"\S{1,32} [0-9]{1,3} \S+ [0-9]{1,10} \S+ [0-9]{1,5} typ \S+((?: \S+)*)")
 
 
 @dataclass
@@ -110,6 +116,10 @@ def validate_offer(text: str, max_lines: int = MAX_LINES) -> None:
             continue
         if _LINE.match(line) is None:
             raise BadInput(f"offer line {number} is not <type>=<value>: {line[:60]!r}")
+        if line.startswith("c=") and _CONNECTION.fullmatch(line[2:]) is None:
+            raise BadInput(f"offer line {number} is not c=IN IP4|IP6 <address>: {line[:60]!r}")
+        if line.startswith("a=candidate:"):
+            _check_candidate(number, line)
         if line.startswith("m="):
             if len(sections) == MAX_MEDIA_SECTIONS:
                 raise BadInput(f"offer has more than {MAX_MEDIA_SECTIONS} m-lines")
@@ -138,6 +148,16 @@ def validate_offer(text: str, max_lines: int = MAX_LINES) -> None:
         unknown = [item for item in items if item not in mids]
         if semantic == "BUNDLE" and unknown:
             raise BadInput(f"a=group:BUNDLE names mid {unknown[0][:20]} that no m-line has")
+
+
+def _check_candidate(number: int, line: str) -> None:
+    m = _CANDIDATE.fullmatch(line[len("a=candidate:") :])
+    extensions = m.group(1).split() if m else []
+    ports = [value for name, value in zip(extensions[::2], extensions[1::2], strict=False)
+             if name == "rport"]
+    if m is None or not all(_UINT.fullmatch(p) for p in ports):
+        raise BadInput(f"offer line {number} is not a=candidate:<foundation> <component> "
+                       f"<transport> <priority> <address> <port> typ <type>: {line[:80]!r}")
 
 
 def _media_section(index: int, line: str) -> _Section:

@@ -205,6 +205,14 @@ CASES: list[tuple[str, Callable[[str], str], str]] = [
     ("m-line removed, BUNDLE still names it", lambda s: edit(s, r"^m=audio .*\n", ""), "mid 0"),
     ("no m-line", lambda s: s.split("m=audio")[0], "no audio or video m-line"),
     ("a line that is not type=value", lambda s: s + "garbage\n", "is not <type>=<value>"),
+    # aiortc's parser asserts on any other connection line (found by tests/fuzz).
+    ("connection address with a space", lambda s: edit(s, r"^c=IN IP4 .*$", "c=IN IP4 1 2", 1),
+     "is not c=IN IP4|IP6"),
+    ("candidate cut short", lambda s: edit(s, r"^a=candidate:(\S+ \S+ \S+ \S+ \S+ \S+) .*$",
+                                           r"a=candidate:\1", 1), "is not a=candidate"),
+    ("candidate rport not a number",
+     lambda s: edit(s, r"^(a=candidate:.* typ host)$", r"\1 raddr 0.0.0.0 rport x", 1),
+     "is not a=candidate"),
     ("too many lines", lambda s: s + "a=x\n" * MAX_LINES, "lines; at most"),
     ("a line too long", lambda s: s + "a=x:" + "y" * MAX_LINE_CHARS + "\n", "is over"),
 ]
