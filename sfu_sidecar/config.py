@@ -355,6 +355,12 @@ class Settings:
         150, _parse_int(1, 100000),
         "viewer sessions in this process; more are refused with 503", metavar="N",
     )
+    max_cpu_percent: float = _setting(
+        80.0, _parse_float(1.0, 1000.0),
+        "new viewers are refused with 503 while this process uses more than this share of "
+        "one core (smoothed over 2 s), so those watching keep their full frame rate",
+        metavar="PERCENT",
+    )
     max_viewers_per_stream: int = _setting(
         150, _parse_int(1, 100000),
         "viewer sessions on one stream; more are refused with 429", metavar="N",

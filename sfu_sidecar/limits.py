@@ -11,6 +11,7 @@ house time (which may slew or step while a source is acquired).
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import ipaddress
 import logging
@@ -249,3 +250,50 @@ class ClientSessions:
         dead = [sid for sid, (_, alive) in self._live.items() if not alive()]
         for sid in dead:
             del self._live[sid]
+
+
+class CpuLoad:
+    """The share of one core this process used lately, from samples of its CPU time.
+
+    The relay forwards every packet on one event loop, so one core is its capacity: past it,
+    packets queue and every viewer's frames arrive late. The share is smoothed with a time
+    constant of ``window_s`` so a keyframe burst does not count as load, a sustained climb does.
+    Samples (process CPU seconds, monotonic seconds) are passed in; nothing here reads a clock.
+    """
+
+    def __init__(self, window_s: float = 2.0) -> None:
+        self.window_s = window_s
+        self.share: float | None = None  # None until two samples have been seen
+        self._last: tuple[float, float] | None = None
+
+    def observe(self, cpu_s: float, now_s: float) -> float | None:
+        last, self._last = self._last, (cpu_s, now_s)
+        if last is None or now_s <= last[1]:
+            return self.share
+        elapsed = now_s - last[1]
+        share = max(0.0, cpu_s - last[0]) / elapsed
+        if self.share is None:
+            self.share = share
+        else:
+            self.share += (1.0 - math.exp(-elapsed / self.window_s)) * (share - self.share)
+        return self.share
+
+
+class CpuMonitor:
+    """:class:`CpuLoad` fed from this process's CPU clock every ``interval_s`` seconds."""
+
+    def __init__(self, interval_s: float = 0.25, window_s: float = 2.0) -> None:
+        self.interval_s = interval_s
+        self.load = CpuLoad(window_s)
+
+    def sample(self) -> float | None:
+        return self.load.observe(time.process_time(), time.monotonic())
+
+    async def run(self) -> None:
+        while True:
+            self.sample()
+            await asyncio.sleep(self.interval_s)
+
+    def percent(self) -> float | None:
+        share = self.load.share
+        return None if share is None else 100.0 * share

@@ -9,6 +9,7 @@ import pytest
 from sfu_sidecar.limits import (
     LOG_EVERY_S,
     ClientSessions,
+    CpuLoad,
     MessageGate,
     MessageLimiter,
     RateLimits,
@@ -139,3 +140,22 @@ def test_client_sessions_count_pending_and_live_until_they_end() -> None:
     assert sessions.count("a") == 2
     alive["s1"] = False
     assert sessions.count("a") == 1
+
+
+def test_cpu_load_is_the_smoothed_share_of_one_core() -> None:
+    load = CpuLoad(window_s=2.0)
+    assert load.observe(10.0, 100.0) is None  # one sample measures nothing
+    assert load.observe(10.1, 101.0) == pytest.approx(0.1)  # 0.1 s of CPU in 1 s
+    # A keyframe burst: a quarter second at a full core barely moves the share ...
+    share = load.observe(10.35, 101.25)
+    assert share is not None and share < 0.3
+    # ... a sustained full core takes it past any sane limit within a few seconds.
+    cpu, now = 10.35, 101.25
+    for _ in range(12):
+        cpu, now = cpu + 0.25, now + 0.25
+        share = load.observe(cpu, now)
+    assert share is not None and share > 0.75
+    # Two threads busy at once count as more than one core; a clock that did not move, or
+    # CPU time that went backwards, change nothing and break nothing.
+    assert load.observe(cpu, now) == share
+    assert load.observe(cpu - 1.0, now + 0.25) is not None

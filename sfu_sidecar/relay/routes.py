@@ -103,6 +103,14 @@ class RelayRoutes:
                 self._refuse("max_viewers", AtCapacity,
                              f"this server has {viewers} viewers, its limit (setting "
                              "max_viewers); try again later or another server")
+            percent = self.service.cpu.percent()
+            if percent is not None and percent > s.max_cpu_percent:
+                # Refused before anyone watching loses frames: past one core the relay's
+                # loop falls behind for every viewer at once.
+                self._refuse("max_cpu_percent", AtCapacity,
+                             f"this server is using {percent:.0f}% of a core, over its limit "
+                             f"of {s.max_cpu_percent:g}% (setting max_cpu_percent); try again "
+                             "later or another server")
             stream = streams.get(name)
             if stream is not None and len(stream.viewers) >= s.max_viewers_per_stream:
                 self._refuse("max_viewers_per_stream", TooManyRequests,

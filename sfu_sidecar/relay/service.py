@@ -11,7 +11,7 @@ from prometheus_client.registry import Collector
 
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
-from sfu_sidecar.limits import MessageLimiter
+from sfu_sidecar.limits import CpuMonitor, MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
@@ -66,6 +66,9 @@ class RelayService:
         self.channel_limiter = MessageLimiter(
             "data_channel", settings.channel_messages_per_s, metrics.messages_dropped, log
         )
+        # The load new viewers are admitted against (setting max_cpu_percent).
+        self.cpu = CpuMonitor()
+        self._cpu_task: asyncio.Task[None] | None = None
         metrics.registry.register(_RelayCollector(self))
 
     def add_observer(self, observer: RelayObserver) -> None:
@@ -76,8 +79,11 @@ class RelayService:
         adapter.set_consent_timeout(self.settings.ice_consent_timeout_s)
         for kind, uri in self.header_extensions:
             adapter.negotiate_header_extension(kind, uri)
+        self._cpu_task = asyncio.create_task(self.cpu.run(), name="relay-cpu")
 
     async def stop(self) -> None:
+        if self._cpu_task is not None:
+            self._cpu_task.cancel()
         sessions: list[PublisherSession | ViewerSession] = []
         for stream in list(self.streams.by_name.values()):
             if stream.publisher is not None:
@@ -196,5 +202,13 @@ class _RelayCollector(Collector):
         publishers.add_metric([], live)
         sessions.add_metric(["publisher"], s._accepted["publishers"])
         sessions.add_metric(["viewer"], s._accepted["viewers"])
+        cpu = GaugeMetricFamily(
+            f"{NAMESPACE}_relay_cpu_percent",
+            "share of one core this process used, smoothed over 2 s (new viewers are refused "
+            "above max_cpu_percent)",
+        )
+        percent = s.cpu.percent()
+        if percent is not None:
+            cpu.add_metric([], percent)
         yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, sessions,
-                    ended)
+                    ended, cpu)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 from aiortc import RTCSessionDescription
 
@@ -390,3 +392,41 @@ async def test_open_ingest_lets_anyone_publish_without_a_token(relay_factory) ->
     assert status == 201
     async with relay.http.delete(relay.base + headers["Location"], headers=proxied) as resp:
         assert resp.status == 200
+
+
+async def test_new_viewers_are_refused_while_the_process_is_over_its_cpu_limit(
+    relay_factory,
+) -> None:
+    """Real load on the server's process (a thread spinning on the CPU beside its event loop):
+    past max_cpu_percent a new viewer gets 503 naming the setting, the viewer already there
+    keeps its frames, and once the load is gone viewers are admitted again."""
+    relay: Relay = await relay_factory(max_cpu_percent="60")
+    pub = await publish(relay.http, relay.base, "busy", video=PatternVideo())
+    first = await view(relay.http, relay.base, "busy", kinds=("video",))
+    stop = threading.Event()
+
+    def spin() -> None:
+        deadline = time.monotonic() + 30  # bounded even if the test fails before stop.set()
+        while not stop.is_set() and time.monotonic() < deadline:
+            sum(range(1000))
+
+    burner = threading.Thread(target=spin, daemon=True)
+    try:
+        await frames(first.tracks["video"], 5, limit_s=10)
+        viewer_offer = await _offer(direction="recvonly")
+        burner.start()
+        await wait_for(lambda: (relay.service.cpu.percent() or 0) > 60, 10, "load above 60%")
+        status, body, headers = await _post(relay, "/whep/busy", viewer_offer, SDP)
+        assert status == 503, body
+        assert "max_cpu_percent" in str(body["error"])
+        assert int(headers["Retry-After"]) >= 1
+        assert _limited(relay, "max_cpu_percent") == 1
+        await frames(first.tracks["video"], 10, limit_s=10)
+        stop.set()
+        await wait_for(lambda: (relay.service.cpu.percent() or 100) < 60, 15, "load below 60%")
+        status, body, _ = await _post(relay, "/whep/busy", viewer_offer, SDP)
+        assert status == 201, body
+    finally:
+        stop.set()
+        await first.close()
+        await pub.close()
