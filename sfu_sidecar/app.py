@@ -130,6 +130,7 @@ async def _healthz(request: web.Request) -> web.Response:
 async def _metrics(request: web.Request) -> web.Response:
     services = request.app[SERVICES_KEY]
     services.metrics.uptime.set(services.uptime_s())
+    services.metrics.asyncio_tasks.set(len(asyncio.all_tasks()))
     body = services.metrics.render()
     return web.Response(body=body, headers={"Content-Type": services.metrics.content_type})
 

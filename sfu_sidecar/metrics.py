@@ -50,6 +50,12 @@ class Metrics:
             "uptime_seconds", "Seconds since the service started",
             namespace=NAMESPACE, registry=self.registry,
         )
+        # Sessions, sockets and components each run tasks; a count that only grows is a leak
+        # that neither fds nor memory show early.
+        self.asyncio_tasks = Gauge(
+            "asyncio_tasks", "asyncio tasks not yet done in the service's event loop",
+            namespace=NAMESPACE, registry=self.registry,
+        )
 
     def counter(self, name: str, doc: str, labels: tuple[str, ...] = ()) -> Counter:
         return Counter(name, doc, list(labels), namespace=NAMESPACE, registry=self.registry)
