@@ -4,7 +4,8 @@
 
     SidecarError
     ├── LocalError                 our side: configuration, a broken invariant
-    │   └── ConfigError            a setting is missing, malformed or contradicts another
+    │   ├── ConfigError            a setting is missing, malformed or contradicts another
+    │   └── StorageUnavailable     durable storage takes no writes now (503, Retry-After)
     └── RemoteError                the other side sent something we refuse
         ├── BadInput               malformed or unacceptable input (HTTP 400 and kin)
         │   ├── UnsupportedMediaType   wrong Content-Type (415)
@@ -44,6 +45,20 @@ class LocalError(SidecarError):
 
 class ConfigError(LocalError):
     """A setting is missing, malformed, or contradicts another."""
+
+
+class StorageUnavailable(LocalError):
+    """Durable storage refuses writes for now: disk full, file system read-only, I/O error.
+
+    Nothing was stored and nothing acknowledged before is lost; the client should retry
+    after ``retry_after`` seconds, and the writes succeed again once an operator frees space
+    or makes the file system writable.
+    """
+
+    status = 503
+
+    def __init__(self, reason: str, *, retry_after: str = "5") -> None:
+        super().__init__(reason, headers={"Retry-After": retry_after})
 
 
 class RemoteError(SidecarError):

@@ -41,7 +41,8 @@ TOOL_PACKAGES = {
     "chromium": "chromium", "ptp4l": "linuxptp", "pmc": "linuxptp", "chronyd": "chrony",
     "ffmpeg": "ffmpeg", "ffprobe": "ffmpeg", "ip": "iproute2", "unshare": "util-linux",
     "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
-    "promtool": "prometheus",
+    "promtool": "prometheus", "nsenter": "util-linux", "findmnt": "util-linux",
+    "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs",
 }
 NOT_RUN = "NOT RUN: "
 

@@ -15,6 +15,7 @@ futures; reads of frozen chunks use one reader thread (WAL readers do not block 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import sqlite3
 import threading
@@ -27,6 +28,7 @@ from typing import Protocol
 
 from sfu_sidecar import logs
 from sfu_sidecar.captions.model import StoredCue
+from sfu_sidecar.exceptions import StorageUnavailable
 
 log = logs.get("captions.store")
 
@@ -205,20 +207,39 @@ class SqliteCueStore:
             conn.execute("COMMIT")
         except sqlite3.Error as exc:
             if conn.in_transaction:
-                conn.execute("ROLLBACK")
+                # On a full or read-only disk the rollback can fail too; SQLite has then
+                # rolled back itself. Raising here would end this thread, and every later
+                # write would wait forever.
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("ROLLBACK")
             if len(group) > 1:
                 # One bad batch must not fail its neighbours: retry them one by one.
                 for one in group:
                     self._commit_group(conn, loop, [one])
                 return
             log.error("caption store write failed: %s", exc)
+            failure = _storage_error(exc)
             for _, future in group:
-                loop.call_soon_threadsafe(_set_exception, future, exc)
+                loop.call_soon_threadsafe(_set_exception, future, failure)
             return
         if self._on_commit is not None:
             self._on_commit(len(group), time.perf_counter() - started)
         for _, future in group:
             loop.call_soon_threadsafe(_set_result, future)
+
+
+def _storage_error(exc: sqlite3.Error) -> BaseException:
+    """What a failed write tells the writer's caller. The file system refusing (full,
+    read-only, I/O error, a file that cannot be opened or locked) is a passing condition the
+    client can wait out: StorageUnavailable, a 503 with Retry-After. Anything else (a
+    constraint, a misuse) is a fault of ours and stays as it is."""
+    if isinstance(exc, sqlite3.OperationalError) or type(exc) is sqlite3.DatabaseError:
+        name = getattr(exc, "sqlite_errorname", "") or "error"
+        return StorageUnavailable(
+            f"caption storage cannot write now ({name}: {exc}); nothing from this request "
+            "was stored, earlier acknowledged cues are kept; retry later"
+        )
+    return exc
 
 
 def _apply(conn: sqlite3.Connection, batch: WriteBatch) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import queue
 import signal
 import subprocess
@@ -18,7 +19,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, ServerProcess, free_port, sidecar_command
 
 
 class PeerProcess:
@@ -107,3 +108,51 @@ def metrics(base: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def metric(base: str, name: str, **labels: str) -> float:
     """One sample of ``/metrics`` (0 when absent: a counter nobody bumped yet)."""
     return metrics(base).get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+class MountNamespace:
+    """A private mount namespace held open by a sleeping process, so file systems mounted in
+    it outlive the service processes started inside it (``exec_prefix``)."""
+
+    def __init__(self) -> None:
+        self.holder = subprocess.Popen(
+            ["unshare", "-m", "--propagation", "private", "sleep", "infinity"]
+        )
+        self.pid = self.holder.pid
+        deadline = time.monotonic() + 5
+        while os.readlink(f"/proc/{self.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            assert time.monotonic() < deadline, "unshare did not enter a new mount namespace"
+            time.sleep(0.01)
+
+    @property
+    def exec_prefix(self) -> list[str]:
+        return ["nsenter", "-t", str(self.pid), "-m", "--"]
+
+    def run(self, *cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*self.exec_prefix, *cmd], capture_output=True, text=True,
+                              check=check, timeout=30)
+
+    def close(self) -> None:
+        self.holder.kill()
+        self.holder.wait(timeout=10)
+
+
+class PrefixedServer(ServerProcess):
+    """``ServerProcess`` started behind ``prefix`` (e.g. ``nsenter`` into a namespace, which
+    execs the service in place: the child's pid is the service's). Output goes to ``log``
+    rather than a pipe, since a storage fault makes the service log on every refused write."""
+
+    def __init__(self, prefix: list[str], args: list[str], log: Path) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SFU_SIDECAR_")}
+        with log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [*prefix, *sidecar_command(), "serve", "--host", "127.0.0.1",
+                 "--port", str(self.port), *args],
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            )
+
+    def output(self) -> str:
+        return self.log.read_text()
