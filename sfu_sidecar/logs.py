@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import Any
 
+from aiohttp.http_exceptions import HttpProcessingError
+
 ROOT = "sfu_sidecar"
 
 # Attributes every LogRecord has; anything else was passed through ``extra=`` and is data.
@@ -46,6 +48,22 @@ class TextFormatter(logging.Formatter):
         return line
 
 
+class ClientFaultFilter(logging.Filter):
+    """aiohttp logs a request its parser refuses (a control byte in a header, a torn request
+    line) as an ERROR with a traceback, then answers 400 itself. The fault is the client's, so
+    it becomes one INFO line: a stranger cannot fill the log with tracebacks, and ERROR lines
+    stay for faults of ours."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            reason = " ".join(str(exc).split())[:200]
+            record.msg, record.args = "%s: refused as malformed (%s)", (record.getMessage(), reason)
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.exc_info = record.exc_text = None
+        return record.levelno >= logging.getLogger(ROOT).getEffectiveLevel()
+
+
 def configure(level: str, fmt: str) -> None:
     """Install one stderr handler on the ``sfu_sidecar`` tree (idempotent)."""
     logger = logging.getLogger(ROOT)
@@ -58,6 +76,18 @@ def configure(level: str, fmt: str) -> None:
     logger.addHandler(handler)
     logger.setLevel(level.upper())
     logger.propagate = False
+    # aiohttp's server logs through its own logger; its lines go to the same handler.
+    server = logging.getLogger("aiohttp.server")
+    for old in list(server.handlers):
+        if getattr(old, "_sfu_sidecar", False):
+            server.removeHandler(old)
+    for old_filter in list(server.filters):
+        if isinstance(old_filter, ClientFaultFilter):
+            server.removeFilter(old_filter)
+    server.addHandler(handler)
+    server.addFilter(ClientFaultFilter())
+    server.setLevel(max(logging.INFO, logger.level))
+    server.propagate = False
     # aiortc/aioice are chatty at INFO; their warnings still matter.
     for noisy in ("aiortc", "aioice"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -60,3 +60,30 @@ def test_bad_setting_exits_2_before_listening() -> None:
     server = ServerProcess(["--log-level", "loud"])
     assert server.proc.wait(timeout=10) == 2
     assert "--log-level loud: must be one of debug, info, warning, error" in server.output()
+
+
+def test_a_malformed_request_is_one_info_line_not_a_traceback(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A header with a control byte is refused by aiohttp's parser with 400; the service logs
+    it as one INFO line, so strangers cannot fill the log with ERROR tracebacks."""
+    import socket
+
+    server = ServerProcess(["--data-dir", str(tmp_path / "d"), "--log-format", "json"])
+    try:
+        server.wait_ready()
+        host, port = server.base.removeprefix("http://").split(":")
+        for _ in range(3):
+            with socket.create_connection((host, int(port)), timeout=5) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Bad: a\x00b\r\n\r\n")
+                assert sock.recv(4096).split(b" ", 2)[1] == b"400"
+        status, _, _ = get(server.base + "/healthz")
+        assert status == 200  # and the service goes on serving
+        server.proc.send_signal(signal.SIGTERM)
+        assert server.proc.wait(timeout=5) == 0
+        out = server.output()
+        assert "Traceback" not in out
+        lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        refused = [r for r in lines if "refused as malformed" in r["msg"]]
+        assert len(refused) == 3 and {r["level"] for r in refused} == {"info"}, refused
+        assert not [r for r in lines if r["level"] in ("error", "critical")]
+    finally:
+        server.stop()

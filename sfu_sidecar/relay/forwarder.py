@@ -251,6 +251,9 @@ class TrackForwarder:
         self.octets_in = 0
         self.keyframes_in = 0
         self.keyframe_requests_sent = 0
+        # What viewers that left were sent, so the totals in /metrics never go down.
+        self.packets_sent_gone = 0
+        self.retransmitted_gone = 0
         self.foreign_packets = 0
         self._cache: list[CachedPacket | None] = [None] * CACHE_SIZE
         self._epoch = 0
@@ -435,6 +438,15 @@ class TrackForwarder:
     def remove_output(self, output: ViewerOutput) -> None:
         if output in self.outputs:
             self.outputs.remove(output)
+            self.packets_sent_gone += output.packets_sent
+            self.retransmitted_gone += output.retransmitted
+
+    def packets_sent(self) -> int:
+        """Packets sent to every viewer this track ever had (retransmissions not counted)."""
+        return self.packets_sent_gone + sum(o.packets_sent for o in self.outputs)
+
+    def retransmitted(self) -> int:
+        return self.retransmitted_gone + sum(o.retransmitted for o in self.outputs)
 
     # --- RTCP sender reports ---------------------------------------------------------------
 

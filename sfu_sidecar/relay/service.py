@@ -194,10 +194,8 @@ class _RelayCollector(Collector):
                 bad.add_metric([stream.name, "payload_type"], c.unknown_payload)
             for kind, fw in stream.forwarders.items():
                 packets_in.add_metric([stream.name, kind], fw.packets_in)
-                packets_out.add_metric(
-                    [stream.name, kind], sum(o.packets_sent for o in fw.outputs)
-                )
-                nacks.add_metric([stream.name, kind], sum(o.retransmitted for o in fw.outputs))
+                packets_out.add_metric([stream.name, kind], fw.packets_sent())
+                nacks.add_metric([stream.name, kind], fw.retransmitted())
                 plis.add_metric([stream.name, kind], fw.keyframe_requests_sent)
         publishers.add_metric([], live)
         sessions.add_metric(["publisher"], s._accepted["publishers"])

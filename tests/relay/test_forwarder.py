@@ -246,3 +246,20 @@ def test_each_push_returns_its_own_observations_so_none_are_lost() -> None:
     unwatched = forwarder("video")
     unwatched.add_output(output("c"))
     assert unwatched.push(pkt(1, 100, KEY), 0, 0)[1] is None
+
+
+def test_totals_sent_keep_what_departed_viewers_were_sent() -> None:
+    """The totals behind /metrics' counters never go down when a viewer leaves."""
+    fw = forwarder()
+    stays, leaves = output("stays"), output("leaves")
+    fw.add_output(stays)
+    fw.add_output(leaves)
+    for i in range(4):
+        sent(fw, pkt(300 + i, 3000 * i, KEY if i == 0 else DELTA))
+    fw.retransmit(leaves, [1001], 0)
+    assert (fw.packets_sent(), fw.retransmitted()) == (8, 1)
+    fw.remove_output(leaves)
+    fw.remove_output(leaves)  # a second removal counts nothing twice
+    assert (fw.packets_sent(), fw.retransmitted()) == (8, 1)
+    sent(fw, pkt(304, 12000))
+    assert fw.packets_sent() == 9
