@@ -42,7 +42,7 @@ TOOL_PACKAGES = {
     "ffmpeg": "ffmpeg", "ffprobe": "ffmpeg", "ip": "iproute2", "unshare": "util-linux",
     "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
     "promtool": "prometheus", "nsenter": "util-linux", "findmnt": "util-linux",
-    "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs",
+    "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs", "janus": "janus",
 }
 NOT_RUN = "NOT RUN: "
 
