@@ -156,6 +156,14 @@ class SyncBatcher:
     def pending(self) -> bool:
         return bool(self._frames or self._control)
 
+    @property
+    def queued_frames(self) -> int:
+        return len(self._frames)
+
+    @property
+    def queued_control(self) -> int:
+        return len(self._control)
+
     def next_poll_ns(self) -> int | None:
         """Earliest time :meth:`poll` may emit, or None if it may emit now."""
         if self._last_emit is None:

@@ -76,6 +76,8 @@ class _Viewer:
     clock_report: ClockReport | None = None
     started_ns: int = 0
     state_sent_ns: int = 0  # when the publisher state last went into the batcher
+    # The batcher's drop counts already added to sync_records_dropped, by reason.
+    drops_counted: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -118,7 +120,10 @@ class SyncService(RelayObserver):
             "sync_bad_messages", "Undecodable messages received on sync channels", ("kind",)
         )
         self._dropped = metrics.counter(
-            "sync_records_dropped", "Frame records dropped for slow or stalled viewers"
+            "sync_records_dropped",
+            "Records dropped for slow or stalled viewers, by reason: frames pushed out of a "
+            "full backlog, frames too old when the channel could take them, control records "
+            "pushed out of a full backlog", ("reason",),
         )
         self._joins = metrics.counter("sync_clock_joins", "clock_req answered on sync channels")
         self._sr_refused = metrics.counter(
@@ -263,7 +268,19 @@ class SyncService(RelayObserver):
         self._pending_channels.pop(viewer.id, None)
         entry = self.viewers.pop(viewer.id, None)
         if entry is not None:
-            self._dropped.inc(entry.sync.batcher.stats.frames_dropped)
+            self._count_drops(entry)
+
+    def _count_drops(self, entry: _Viewer) -> None:
+        """Bring sync_records_dropped up to the viewer's batcher counts, so a stalled viewer's
+        drops show while it is still connected."""
+        stats = entry.sync.batcher.stats
+        for reason, total in (("backlog_full", stats.frames_dropped),
+                              ("expired", stats.frames_expired),
+                              ("control_backlog_full", stats.control_dropped)):
+            new = total - entry.drops_counted.get(reason, 0)
+            if new > 0:
+                self._dropped.labels(reason).inc(new)
+                entry.drops_counted[reason] = total
 
     def _forwarded_observer(
         self, entry: _Viewer, stream: str, kind: str
@@ -397,6 +414,7 @@ class SyncService(RelayObserver):
                     channel.send(raw)
                     self._messages.inc()
                     self._bytes.inc(len(raw))
+                self._count_drops(entry)
             except Exception:
                 # One viewer's broken channel must not stop the others' records.
                 log.exception("sync channel of viewer %s failed", entry.session.id[:8])
@@ -422,7 +440,14 @@ class SyncService(RelayObserver):
             "bytes_per_s": round(stats.bytes / elapsed_s, 1),
             "frames_dropped": stats.frames_dropped,
             "frames_expired": stats.frames_expired,
+            "control_dropped": stats.control_dropped,
             "stalls": stats.stalls,
+            # What waits for this viewer: in the batcher, and in the channel's own buffer.
+            "queued_frames": entry.sync.batcher.queued_frames,
+            "queued_control": entry.sync.batcher.queued_control,
+            "buffered_bytes": (
+                entry.channel.buffered_amount if entry.channel is not None else 0
+            ),
             "clock_report": dataclasses.asdict(entry.clock_report) if entry.clock_report else None,
             "telemetry": dataclasses.asdict(entry.telemetry) if entry.telemetry else None,
         }

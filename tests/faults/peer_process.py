@@ -1,7 +1,7 @@
 """A real aiortc publisher or viewer in its own process, so a test can SIGKILL or SIGSTOP it.
 
 ``python -m tests.faults.peer_process publish BASE STREAM``
-``python -m tests.faults.peer_process view BASE STREAM [--sync]``
+``python -m tests.faults.peer_process view BASE STREAM [--sync [--reliable]]``
 
 It prints one JSON line when its peer connection is up (``{"event": "connected", ...}``) and
 then one a second with what it has sent or received, and runs until it is killed. The peers
@@ -27,7 +27,7 @@ def say(**fields: object) -> None:
     sys.stdout.flush()
 
 
-async def run(role: str, base: str, stream: str, sync: bool) -> None:
+async def run(role: str, base: str, stream: str, sync: bool, reliable: bool) -> None:
     async with aiohttp.ClientSession() as http:
         peer: Peer
         if role == "publish":
@@ -35,7 +35,7 @@ async def run(role: str, base: str, stream: str, sync: bool) -> None:
                                  audio=ToneAudio())
         else:
             peer = await view(http, base, stream, data_channel="sync" if sync else False,
-                              decode=False)
+                              decode=False, reliable=reliable)
         await wait_for(lambda: peer.pc.connectionState == "connected", 20, "connected")
         say(event="connected", location=peer.location)
         while True:
@@ -49,8 +49,10 @@ def main() -> None:
     parser.add_argument("base")
     parser.add_argument("stream")
     parser.add_argument("--sync", action="store_true", help="offer the sync DataChannel")
+    parser.add_argument("--reliable", action="store_true",
+                        help="open the sync channel ordered and reliable")
     args = parser.parse_args()
-    asyncio.run(run(args.role, args.base, args.stream, args.sync))
+    asyncio.run(run(args.role, args.base, args.stream, args.sync, args.reliable))
 
 
 if __name__ == "__main__":

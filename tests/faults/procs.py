@@ -27,14 +27,14 @@ class PeerProcess:
     pipe never fills, and its log goes to ``log``."""
 
     def __init__(self, role: str, base: str, stream: str, log: Path, *,
-                 sync: bool = False) -> None:
+                 sync: bool = False, reliable: bool = False) -> None:
         self.log = log
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         self.last: dict[str, Any] = {}
         with log.open("wb") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "tests.faults.peer_process", role, base, stream,
-                 *(["--sync"] if sync else [])],
+                 *(["--sync"] if sync else []), *(["--reliable"] if reliable else [])],
                 cwd=ROOT, stdout=subprocess.PIPE, stderr=err,
             )
         threading.Thread(target=self._drain, daemon=True).start()

@@ -205,10 +205,12 @@ async def view(
     kinds: tuple[str, ...] = ("audio", "video"),
     data_channel: bool | str = False,
     decode: bool = True,
+    reliable: bool = False,
 ) -> Peer:
     """A WHEP viewer; ``data_channel`` offers a channel (a str names it: ``"sync"`` is opened
-    unordered without retransmissions, as proto/sync.md asks of viewers). ``decode=False``
-    records every packet but spares the CPU of decoding it."""
+    unordered without retransmissions, as proto/sync.md asks of viewers, unless ``reliable``
+    says to open it ordered and reliable as a client that ignores that advice would).
+    ``decode=False`` records every packet but spares the CPU of decoding it."""
     pc = client_pc()
     tracks: dict[str, MediaStreamTrack] = {}
 
@@ -219,7 +221,7 @@ async def view(
     for kind in kinds:
         pc.addTransceiver(kind, direction="recvonly")
     channel = None
-    if data_channel == "sync":
+    if data_channel == "sync" and not reliable:
         channel = pc.createDataChannel("sync", ordered=False, maxRetransmits=0)
     elif data_channel:
         channel = pc.createDataChannel(data_channel if isinstance(data_channel, str) else "hello")
