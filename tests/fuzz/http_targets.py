@@ -221,26 +221,38 @@ def http_seeds() -> list[bytes]:
 
 
 def offer_target(data: bytes) -> None:
-    """An offer POSTed to WHIP (publish) or WHEP (view): refused with a reason or answered;
-    an answered session is deleted again, so every input meets the same server."""
+    """An offer POSTed to WHIP (publish) or WHEP (view), and after two zero bytes a trickle
+    fragment PATCHed to the session it made: each refused with a reason or answered; an
+    answered session is deleted again, so every input meets the same server."""
     s = server()
     publish = bool(data[:1]) and data[0] & 1 == 1
-    offer = data[1:]
+    offer, _, fragment = data[1:].partition(b"\0\0")
     path = "/whip/fuzz" if publish else "/whep/fuzz"
     headers = {"Content-Type": "application/sdp", "Authorization": f"Bearer {TOKEN}"}
     status, answer, content = s.request("POST", path, offer, headers)
     check_answer(status, answer, content, f"POST {path}")
-    if status == 201:
-        location = answer.get("location", "")
-        assert location.startswith("/"), answer
-        status, answer, content = s.request("DELETE", location, b"", headers)
-        check_answer(status, answer, content, f"DELETE {location}")
+    if status != 201:
+        return
+    location = answer.get("location", "")
+    assert location.startswith("/"), answer
+    if fragment:
+        patch = {**headers, "Content-Type": "application/trickle-ice-sdpfrag", "If-Match": "*"}
+        status, answer, content = s.request("PATCH", location, fragment, patch)
+        check_answer(status, answer, content, f"PATCH {location}")
+    status, answer, content = s.request("DELETE", location, b"", headers)
+    check_answer(status, answer, content, f"DELETE {location}")
 
 
 def offer_seeds() -> list[bytes]:
     from tests.fuzz.offers import OFFERS
+    from tests.fuzz.targets import trickle_seeds
 
-    return [bytes([1]) + OFFERS[0].encode(), bytes([0]) + OFFERS[1].encode()]
+    ufrag = next(line for line in OFFERS[0].split("\r\n") if line.startswith("a=ice-ufrag:"))
+    pwd = next(line for line in OFFERS[0].split("\r\n") if line.startswith("a=ice-pwd:"))
+    fragment = trickle_seeds()[0].replace(b"a=ice-ufrag:abcd", ufrag.encode()) \
+        .replace(b"a=ice-pwd:0123456789abcdef012345", pwd.encode())
+    return [bytes([1]) + OFFERS[0].encode(), bytes([0]) + OFFERS[1].encode(),
+            bytes([1]) + OFFERS[0].encode() + b"\0\0" + fragment]
 
 
 def stop() -> None:
