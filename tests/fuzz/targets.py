@@ -259,7 +259,8 @@ def clock_join_seeds() -> list[bytes]:
 
 def webvtt_target(data: bytes) -> None:
     """A whole file, and the same bytes fed in two pieces cut where the first byte says: the
-    incremental parser must find the same cues either way."""
+    incremental parser must find the same cues either way, and the file the serializer writes
+    from them must parse back to them."""
     try:
         whole = webvtt.parse(data)
     except webvtt.InvalidWebVTT:
@@ -276,7 +277,9 @@ def webvtt_target(data: bytes) -> None:
         return
     assert whole is not None, "the whole file was refused, its pieces were not"
     assert pieces.cues == whole.cues
-    webvtt.serialize(whole.cues)
+    # What the service serves is serialized from parsed cues: it must read back as the same.
+    again = webvtt.parse(webvtt.serialize(whole.cues, regions=whole.regions))
+    assert again.cues == whole.cues, (again.cues, whole.cues)
 
 
 def webvtt_seeds() -> list[bytes]:
