@@ -193,9 +193,10 @@ class RelayRoutes:
         stream_name = request.match_info["stream"]
         session_id = request.match_info["session"]
         session = self.service.find_session(stream_name, session_id)
-        if session is None or request.path.startswith("/whip/") != isinstance(
-            session, PublisherSession
-        ):
+        # A WHIP resource is a WebRTC publisher, a WHEP one a viewer; an RTP tap publishing
+        # the stream is neither (it lives under /api/taps).
+        wanted = PublisherSession if request.path.startswith("/whip/") else ViewerSession
+        if not isinstance(session, wanted):
             raise NotFound(f"no session {session_id} on stream {stream_name}")
         return session
 

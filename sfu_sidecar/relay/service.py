@@ -19,6 +19,7 @@ from sfu_sidecar.relay.session import (
     ENDED_REFUSED,
     ENDED_SHUTDOWN,
     PublisherSession,
+    PublisherSource,
     ViewerSession,
 )
 from sfu_sidecar.relay.streams import Streams
@@ -84,7 +85,7 @@ class RelayService:
     async def stop(self) -> None:
         if self._cpu_task is not None:
             self._cpu_task.cancel()
-        sessions: list[PublisherSession | ViewerSession] = []
+        sessions: list[PublisherSource | ViewerSession] = []
         for stream in list(self.streams.by_name.values()):
             if stream.publisher is not None:
                 sessions.append(stream.publisher)
@@ -120,7 +121,7 @@ class RelayService:
         return session
 
     def find_session(self, stream_name: str, session_id: str) -> (
-        PublisherSession | ViewerSession | None
+        PublisherSource | ViewerSession | None
     ):
         stream = self.streams.by_name.get(stream_name)
         if stream is None:

@@ -74,7 +74,7 @@ class StreamSlot(Protocol):
 
     def forwarder(self, kind: str, codec: sdpmod.CodecInfo) -> TrackForwarder: ...
 
-    def publisher_closed(self, session: PublisherSession) -> None: ...
+    def publisher_closed(self, session: PublisherSource) -> None: ...
 
     def viewer_connected(self, session: ViewerSession) -> None: ...
 
@@ -168,8 +168,8 @@ class IdleTrack(MediaStreamTrack):
         await asyncio.Event().wait()
 
 
-class _PeerSession:
-    """What publisher and viewer sessions share: trickle ICE, data channels, observer calls."""
+class _SessionBase:
+    """What every session shares, WebRTC or not: identity, state, lifetime, observer calls."""
 
     def __init__(
         self,
@@ -178,31 +178,20 @@ class _PeerSession:
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
-        channel_limiter: MessageLimiter | None = None,
     ) -> None:
         self.id = uuid.uuid4().hex
         self.stream = stream
         self.settings = settings
         self.now_ns = now_ns
         self.observers = observers
-        self.pc = RTCPeerConnection(rtc_configuration())
-        self.answer_sdp = ""  # what the WHIP or WHEP response carries (set by negotiate)
-        self.data_channels: dict[str, ChannelHandle] = {}
         self.counters = SessionCounters()
         self.state = "new"
         self.created_ns = now_ns()
-        self.ice_ufrag: str | None = None
-        self.ice_pwd: str | None = None
         self.closed = asyncio.Event()
         self.ended_reason: str | None = None
         self.connected_once = False
         self._send_rtcp: Callable[[bytes], None] | None = None
         self._tasks = Tasks(f"{role}-{self.id[:8]}", log)
-        # One rate for all of this peer's channels: a second channel buys it nothing.
-        self._admit_message = (
-            channel_limiter.gate(f"{role} {self.id[:8]} on {stream.name}")
-            if channel_limiter is not None else None
-        )
 
     @property
     def stream_name(self) -> str:
@@ -219,16 +208,8 @@ class _PeerSession:
                      self.stream.name, timeout_s)
             _later(self.close(ENDED_CONNECT_TIMEOUT))
 
-    def _transport_lost(self) -> None:
-        _later(self.close(ENDED_DISCONNECTED))
-
     async def close(self, reason: str = ENDED_DELETED) -> None:
         raise NotImplementedError
-
-    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
-        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
-        for cand in trickle.candidates:
-            await self.pc.addIceCandidate(cand)
 
     def _notify(self, hook: str, call: Callable[[RelayObserver], None]) -> None:
         """``call`` every observer's ``hook``; one that raises is logged, the rest still run."""
@@ -237,6 +218,40 @@ class _PeerSession:
                 call(observer)
             except Exception:
                 log.exception("observer failed on %s", hook)
+
+
+class _PeerSession(_SessionBase):
+    """What WebRTC sessions (publisher and viewer) share: the peer connection, trickle ICE,
+    data channels."""
+
+    def __init__(
+        self,
+        role: str,
+        stream: StreamSlot,
+        settings: Settings,
+        now_ns: Callable[[], int],
+        observers: list[RelayObserver],
+        channel_limiter: MessageLimiter | None = None,
+    ) -> None:
+        super().__init__(role, stream, settings, now_ns, observers)
+        self.pc = RTCPeerConnection(rtc_configuration())
+        self.answer_sdp = ""  # what the WHIP or WHEP response carries (set by negotiate)
+        self.data_channels: dict[str, ChannelHandle] = {}
+        self.ice_ufrag: str | None = None
+        self.ice_pwd: str | None = None
+        # One rate for all of this peer's channels: a second channel buys it nothing.
+        self._admit_message = (
+            channel_limiter.gate(f"{role} {self.id[:8]} on {stream.name}")
+            if channel_limiter is not None else None
+        )
+
+    def _transport_lost(self) -> None:
+        _later(self.close(ENDED_DISCONNECTED))
+
+    async def add_candidates(self, trickle: sdpmod.Trickle) -> None:
+        sdpmod.check_no_restart(trickle, self.ice_ufrag, self.ice_pwd)
+        for cand in trickle.candidates:
+            await self.pc.addIceCandidate(cand)
 
     def _on_datachannel(self, channel: RTCDataChannel) -> None:
         handle = ChannelHandle(channel, self._admit_message)
@@ -255,8 +270,161 @@ class _PeerSession:
             return []
 
 
-class PublisherSession(_PeerSession):
-    """A WHIP publisher: receives RTP/RTCP, feeds the stream's forwarders, reports upstream."""
+class PublisherSource(_SessionBase):
+    """What feeds a stream as its publisher: the receive path every kind of publisher shares.
+
+    A WHIP session (:class:`PublisherSession`) and a plain-RTP tap (``relay/tap.py``) differ
+    only in how packets arrive and where feedback goes: each calls :meth:`_init_publisher`
+    once, hands plaintext RTP to :meth:`_on_rtp` and RTCP to :meth:`_on_rtcp`, sets
+    ``_send_rtcp`` once it can reach the sender, and releases its transport in
+    :meth:`_release`. Everything else (forwarding, observers, NACK and keyframe requests,
+    receiver reports, the no-media timeout, status) happens here once.
+    """
+
+    receiver: PublisherReceiver
+
+    def _init_publisher(self) -> None:
+        self._last_packet_mono = time.monotonic()
+        # Only observers that override publisher_packet cost anything per packet.
+        self._packet_observers = [
+            o for o in self.observers
+            if type(o).publisher_packet is not RelayObserver.publisher_packet
+        ]
+        # The receive logic; until the tracks are added, it forwards nothing.
+        self.receiver = PublisherReceiver(
+            0, self.counters,
+            on_packet=self._publisher_packet if self._packet_observers else None,
+        )
+
+    @property
+    def tracks(self) -> list[PublisherTrack]:
+        return self.receiver.tracks
+
+    # --- packet path ----------------------------------------------------------------------
+
+    def _on_rtp(self, data: bytes, arrival_ms: int) -> None:
+        self._receive_media(data, arrival_ms)
+
+    def _receive_media(self, data: bytes, arrival_ms: int) -> bool:
+        """One plaintext RTP packet; whether it was media of one of the tracks."""
+        started = time.perf_counter_ns()
+        received = self.receiver.receive_rtp(data, self.now_ns(), arrival_ms)
+        self._flush_rtcp()  # a NACK for a gap this packet revealed goes first
+        if received is None:
+            return False
+        # Only media keeps a publisher alive: on a port anyone can reach (a tap), garbage
+        # must not hold the stream open.
+        self._last_packet_mono = time.monotonic()
+        copies, observations = received
+        for output, out in copies:
+            transmit = output.transmit
+            if transmit is None:
+                continue
+            try:
+                transmit(out)
+            except Exception:  # a broken viewer loses its packet, nobody else does
+                self.counters.send_errors += 1
+                output.send_errors += 1
+        self.counters.latency_ns.append(time.perf_counter_ns() - started)
+        if observations is not None:
+            observations.deliver()  # after every copy left: observers add no latency
+        return True
+
+    def _publisher_packet(self, info: PacketInfo) -> Mapping[str, bytes] | None:
+        written: dict[str, bytes] = {}
+        for observer in self._packet_observers:
+            try:
+                values = observer.publisher_packet(self.stream.name, self.id, info)
+            except Exception:  # a broken observer must not stop forwarding
+                self.counters.observer_errors += 1
+                continue
+            if values:
+                written.update(values)
+        return written
+
+    def _on_rtcp(self, data: bytes) -> None:
+        for track, report in self.receiver.receive_rtcp(data, self.now_ns()):
+            for observer in self.observers:
+                try:
+                    observer.publisher_sender_report(self.stream.name, track.kind, report)
+                except Exception:
+                    log.exception("observer failed on a sender report")
+
+    def _flush_rtcp(self) -> None:
+        for data in self.receiver.data_to_send():
+            if self._send_rtcp is None:
+                continue  # no transport yet: the feedback is dropped
+            with contextlib.suppress(ConnectionError):
+                self._send_rtcp(data)
+
+    def request_keyframe(self, kind: str) -> None:
+        """A keyframe of the ``kind`` track, for the stream (a ``hooks.KeyframeRequest``)."""
+        self.receiver.request_keyframe(kind)
+        self._flush_rtcp()
+
+    # --- periodic -------------------------------------------------------------------------
+
+    def _silence_counts(self) -> bool:
+        """Whether time without media counts towards publisher_timeout_s now."""
+        return True
+
+    async def _tick(self) -> None:
+        next_report = 0
+        timeout_s = self.settings.publisher_timeout_s
+        while not self.closed.is_set():
+            await asyncio.sleep(TICK_S)
+            now = self.now_ns()
+            self.receiver.tick(now)
+            mono = time.monotonic_ns()
+            if mono >= next_report:
+                next_report = mono + int(RTCP_INTERVAL_NS * (0.5 + random.random()))
+                self.receiver.receiver_report(now)
+            self._flush_rtcp()
+            if (self._silence_counts()
+                    and time.monotonic() - self._last_packet_mono > timeout_s):
+                log.info("publisher %s on %s: no media for %.0f s, dropping", self.id[:8],
+                         self.stream.name, timeout_s)
+                _later(self.close(ENDED_NO_MEDIA))
+                return
+
+    async def close(self, reason: str = ENDED_DELETED) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        self.state = "closed"
+        self.ended_reason = reason
+        await self._tasks.stop()
+        self.stream.publisher_closed(self)
+        self._notify("publisher_closed", lambda o: o.publisher_closed(self))
+        await self._release()
+
+    async def _release(self) -> None:
+        """Free the transport (peer connection, sockets) once the session has ended."""
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "tracks": [
+                {
+                    "kind": t.kind,
+                    "codec": t.codec.name,
+                    "payload_type": t.codec.payload_type,
+                    "ssrc": t.media_ssrc,
+                    "packets": t.stats.packets_received,
+                    "rtx_packets": t.rtx_packets,
+                    "bitrate_bps": round(t.bitrate_bps),
+                    "nacks_sent": t.nack.nacked if t.nack is not None else 0,
+                    "keyframe_requests_sent": t.forwarder.keyframe_requests_sent,
+                }
+                for t in self.tracks
+            ],
+            "parse_errors": self.counters.parse_errors,
+        }
+
+
+class PublisherSession(PublisherSource, _PeerSession):
+    """A WHIP publisher: receives SRTP over ICE/DTLS, feeds the stream's forwarders."""
 
     def __init__(
         self,
@@ -267,21 +435,7 @@ class PublisherSession(_PeerSession):
         channel_limiter: MessageLimiter | None = None,
     ) -> None:
         super().__init__("publisher", stream, settings, now_ns, observers, channel_limiter)
-        self._last_packet_mono = time.monotonic()
-        # Only observers that override publisher_packet cost anything per packet.
-        self._packet_observers = [
-            o for o in observers
-            if type(o).publisher_packet is not RelayObserver.publisher_packet
-        ]
-        # The receive logic; until the answer names our SSRC and tracks, it forwards nothing.
-        self.receiver = PublisherReceiver(
-            0, self.counters,
-            on_packet=self._publisher_packet if self._packet_observers else None,
-        )
-
-    @property
-    def tracks(self) -> list[PublisherTrack]:
-        return self.receiver.tracks
+        self._init_publisher()
 
     async def negotiate(self, offer_text: str) -> str:
         offer = sdpmod.parse(offer_text, what="offer")
@@ -349,116 +503,12 @@ class PublisherSession(_PeerSession):
         elif state in ("failed", "closed"):
             self._transport_lost()
 
-    # --- packet path ----------------------------------------------------------------------
-
-    def _on_rtp(self, data: bytes, arrival_ms: int) -> None:
-        started = time.perf_counter_ns()
-        self._last_packet_mono = time.monotonic()
-        received = self.receiver.receive_rtp(data, self.now_ns(), arrival_ms)
-        self._flush_rtcp()  # a NACK for a gap this packet revealed goes first
-        if received is None:
-            return
-        copies, observations = received
-        for output, out in copies:
-            transmit = output.transmit
-            if transmit is None:
-                continue
-            try:
-                transmit(out)
-            except Exception:  # a broken viewer loses its packet, nobody else does
-                self.counters.send_errors += 1
-                output.send_errors += 1
-        self.counters.latency_ns.append(time.perf_counter_ns() - started)
-        if observations is not None:
-            observations.deliver()  # after every copy left: observers add no latency
-
-    def _publisher_packet(self, info: PacketInfo) -> Mapping[str, bytes] | None:
-        written: dict[str, bytes] = {}
-        for observer in self._packet_observers:
-            try:
-                values = observer.publisher_packet(self.stream.name, self.id, info)
-            except Exception:  # a broken observer must not stop forwarding
-                self.counters.observer_errors += 1
-                continue
-            if values:
-                written.update(values)
-        return written
-
-    def _on_rtcp(self, data: bytes) -> None:
-        for track, report in self.receiver.receive_rtcp(data, self.now_ns()):
-            for observer in self.observers:
-                try:
-                    observer.publisher_sender_report(self.stream.name, track.kind, report)
-                except Exception:
-                    log.exception("observer failed on a sender report")
-
-    def _flush_rtcp(self) -> None:
-        for data in self.receiver.data_to_send():
-            if self._send_rtcp is None:
-                continue  # no transport yet: the feedback is dropped
-            with contextlib.suppress(ConnectionError):
-                self._send_rtcp(data)
-
-    def request_keyframe(self, kind: str) -> None:
-        """A keyframe of the ``kind`` track, for the stream (a ``hooks.KeyframeRequest``)."""
-        self.receiver.request_keyframe(kind)
-        self._flush_rtcp()
-
     def _channel_opened(self, channel: ChannelHandle) -> None:
         self._notify("publisher_data_channel",
                      lambda o: o.publisher_data_channel(self, channel))
 
-    # --- periodic -------------------------------------------------------------------------
-
-    async def _tick(self) -> None:
-        next_report = 0
-        timeout_s = self.settings.publisher_timeout_s
-        while not self.closed.is_set():
-            await asyncio.sleep(TICK_S)
-            now = self.now_ns()
-            self.receiver.tick(now)
-            mono = time.monotonic_ns()
-            if mono >= next_report:
-                next_report = mono + int(RTCP_INTERVAL_NS * (0.5 + random.random()))
-                self.receiver.receiver_report(now)
-            self._flush_rtcp()
-            if time.monotonic() - self._last_packet_mono > timeout_s:
-                log.info("publisher %s on %s: no media for %.0f s, dropping", self.id[:8],
-                         self.stream.name, timeout_s)
-                _later(self.close(ENDED_NO_MEDIA))
-                return
-
-    async def close(self, reason: str = ENDED_DELETED) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        self.state = "closed"
-        self.ended_reason = reason
-        await self._tasks.stop()
-        self.stream.publisher_closed(self)
-        self._notify("publisher_closed", lambda o: o.publisher_closed(self))
+    async def _release(self) -> None:
         await adapter.close_peer(self.pc)
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "state": self.state,
-            "tracks": [
-                {
-                    "kind": t.kind,
-                    "codec": t.codec.name,
-                    "payload_type": t.codec.payload_type,
-                    "ssrc": t.media_ssrc,
-                    "packets": t.stats.packets_received,
-                    "rtx_packets": t.rtx_packets,
-                    "bitrate_bps": round(t.bitrate_bps),
-                    "nacks_sent": t.nack.nacked if t.nack is not None else 0,
-                    "keyframe_requests_sent": t.forwarder.keyframe_requests_sent,
-                }
-                for t in self.tracks
-            ],
-            "parse_errors": self.counters.parse_errors,
-        }
 
 
 class ViewerSession(_PeerSession):

@@ -14,7 +14,7 @@ from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
 from sfu_sidecar.relay.hooks import KeyframeRequest
 from sfu_sidecar.relay.sdp import CodecInfo
-from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+from sfu_sidecar.relay.session import PublisherSource, ViewerSession
 
 log = logs.get("relay.streams")
 
@@ -28,7 +28,7 @@ class Stream:
         # Sessions ended, by (role, reason): shared by every stream (``Streams.ended``), since
         # a stream itself goes when its last session does.
         self.ended: Counter[tuple[str, str]] = ended if ended is not None else Counter()
-        self.publisher: PublisherSession | None = None
+        self.publisher: PublisherSource | None = None
         self.viewers: dict[str, ViewerSession] = {}
         self.forwarders: dict[str, TrackForwarder] = {}
         # The codec each kind is forwarded as: the last publisher's, else the first viewer's.
@@ -53,7 +53,7 @@ class Stream:
         return fw
 
     def claim_publisher(
-        self, session: PublisherSession, request_keyframe: KeyframeRequest
+        self, session: PublisherSource, request_keyframe: KeyframeRequest
     ) -> None:
         if self.publisher is not None and not self.publisher.closed.is_set():
             raise Conflict(f"stream {self.name} already has a publisher")
@@ -61,7 +61,7 @@ class Stream:
         self._request_keyframe = request_keyframe
         self.publishers_seen += 1
 
-    def publisher_closed(self, session: PublisherSession) -> None:
+    def publisher_closed(self, session: PublisherSource) -> None:
         self.ended["publisher", session.ended_reason or "unknown"] += 1
         if self.publisher is session:
             self.publisher = None
