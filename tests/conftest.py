@@ -103,6 +103,12 @@ def free_port(kind: int = socket.SOCK_STREAM) -> int:
         return int(s.getsockname()[1])
 
 
+# Settings for a service run inside a test process beside its own clients (aiortc peers encoding
+# video, fuzzers): the process's CPU share is then mostly the clients', so the overload refusal
+# is left out there and tested on its own (tests/relay/test_routes.py).
+IN_PROCESS: dict[str, str] = {"max_cpu_percent": "1000"}
+
+
 def sidecar_command() -> list[str]:
     exe = Path(sys.executable).with_name("sfu-sidecar")
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "sfu_sidecar"]

@@ -34,6 +34,7 @@ from yarl import URL
 
 from sfu_sidecar.app import build_app
 from sfu_sidecar.config import load_settings
+from tests.conftest import IN_PROCESS
 from tests.relay.test_offer_check import make_offer, mutated_offers
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
@@ -45,7 +46,7 @@ MAX_BODY = 16384
 def app_settings(data_dir: Path) -> Any:
     return load_settings({
         "data_dir": str(data_dir), "publish_token": TOKEN, "ice_addresses": "127.0.0.1",
-        "cors_origins": ORIGIN, "max_body_bytes": str(MAX_BODY),
+        "cors_origins": ORIGIN, "max_body_bytes": str(MAX_BODY), **IN_PROCESS,
     })
 
 

@@ -31,7 +31,7 @@ from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.demo import LANG, STREAM, caption_for_second
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, free_port
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
 
 # While stalling, frames are held and let go a second's worth at a time: the frame-interval
 # RMS then sits far above the 112 ms alert line.
@@ -110,7 +110,7 @@ class Service:
 
     async def _start(self) -> None:
         data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-dashboard-")
-        settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": data_dir})
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": data_dir})
         self.runner = web.AppRunner(build_app(settings))
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()

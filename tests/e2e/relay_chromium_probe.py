@@ -19,7 +19,7 @@ from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay import RelayService
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, free_port
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
 
 PUBLISH_JS = """
 async (base) => {
@@ -89,7 +89,7 @@ async (base) => {
 
 def _serve(port: int, ready: threading.Event, stop: list[Any], out: dict[str, Any]) -> None:
     async def main() -> None:
-        settings = load_settings({"ice_addresses": "127.0.0.1"})
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1"})
         metrics = Metrics()
         service = RelayService(settings, metrics)
         app = build_app(settings, Components(metrics, relay=service))

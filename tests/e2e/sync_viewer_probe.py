@@ -25,7 +25,7 @@ from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, free_port
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
 
 WATCH_S = 6.0
 CUE_TEXT = "caption on capture time"
@@ -90,7 +90,7 @@ class Service:
 
     async def _start(self) -> None:
         data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")
-        settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": data_dir})
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": data_dir})
         self.runner = web.AppRunner(build_app(settings))
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()

@@ -35,6 +35,7 @@ from sfu_sidecar.probe.service import (
 from sfu_sidecar.relay.hooks import PacketInfo
 from sfu_sidecar.sync.wire import ControlMessage, Playout
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.conftest import IN_PROCESS
 from tests.relay.peers import LOOPBACK, view, wait_for
 
 MS = 1_000_000
@@ -54,7 +55,7 @@ class App:
 
 
 async def start_app(tmp_path: Path, *, ticking: bool, **flags: str) -> AsyncIterator[App]:
-    settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path),
+    settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": str(tmp_path),
                               "publish_token": TOKEN, **flags})
     application = build_app(settings)
     probe = application[SERVICES_KEY].components.probe

@@ -13,6 +13,7 @@ from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay import RelayService
+from tests.conftest import IN_PROCESS
 
 
 @dataclass
@@ -28,7 +29,7 @@ async def relay_factory() -> AsyncIterator[Callable[..., object]]:
     sessions: list[aiohttp.ClientSession] = []
 
     async def start(**flags: str) -> Relay:
-        settings = load_settings({"ice_addresses": "127.0.0.1", **flags})
+        settings = load_settings({"ice_addresses": "127.0.0.1", **IN_PROCESS, **flags})
         metrics = Metrics()
         service = RelayService(settings, metrics)
         app = build_app(settings, Components(metrics, relay=service))

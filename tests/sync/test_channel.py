@@ -30,6 +30,7 @@ from sfu_sidecar.sync.wire import (
     Source,
 )
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline, decode_frame_number
+from tests.conftest import IN_PROCESS
 from tests.relay.peers import LOOPBACK, Peer, view, wait_for
 from tests.sync.records import ViewerRecords
 
@@ -39,7 +40,8 @@ TOLERANCE_NS = 1_000_000
 
 @pytest.fixture
 async def relay_base(tmp_path: Path) -> AsyncIterator[tuple[str, SyncService]]:
-    settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path)})
+    settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path),
+                              **IN_PROCESS})
     app = build_app(settings)
     sync = app[SERVICES_KEY].components.sync
     assert sync is not None
