@@ -44,6 +44,9 @@ class SessionCounters:
     send_errors: int = 0
     rtcp_errors: int = 0
     observer_errors: int = 0
+    # Packets from a source the session was told not to accept (an RTP tap's source or SSRC).
+    foreign_packets: int = 0
+    oversize_packets: int = 0  # RTP too large to reach viewers (an RTP tap's limit)
     latency_ns: deque[int] = field(default_factory=lambda: deque(maxlen=LATENCY_SAMPLES))
 
 

@@ -1,11 +1,14 @@
-"""WHIP (RFC 9725) and WHEP HTTP resources, and the JSON status routes.
+"""WHIP (RFC 9725) and WHEP HTTP resources, RTP taps, and the JSON status routes.
 
 ``POST /whip/{stream}`` / ``POST /whep/{stream}`` create a session resource
 (``/whip/{stream}/{session}``) that takes ``PATCH`` (trickle ICE) and ``DELETE``.
+``POST /api/taps`` creates a plain-RTP tap (``/api/taps/{tap}``) that takes ``GET`` and
+``DELETE``.
 """
 
 from __future__ import annotations
 
+import json
 from typing import NoReturn
 from urllib.parse import quote
 
@@ -26,11 +29,13 @@ from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
+from sfu_sidecar.relay.tap import TapSession, parse_tap_request
 
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"
 STREAM_PATTERN = r"{stream:[A-Za-z0-9_.~-]{1,128}}"
 SESSION_PATTERN = r"{session:[0-9a-f]{32}}"
+TAP_PATTERN = r"{tap:[0-9a-f]{32}}"
 
 Session = PublisherSession | ViewerSession
 # Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
@@ -66,6 +71,11 @@ class RelayRoutes:
             r.add_delete(f"/{kind}/{STREAM_PATTERN}/{SESSION_PATTERN}", self.delete)
             # Anything else under a resource: 404 with the JSON body, not a bare 405.
             r.add_route("*", f"/{kind}/{{stream}}/{{session}}", self.unknown)
+        r.add_post("/api/taps", self.create_tap)
+        r.add_get("/api/taps", self.list_taps)
+        r.add_get(f"/api/taps/{TAP_PATTERN}", self.get_tap)
+        r.add_delete(f"/api/taps/{TAP_PATTERN}", self.delete_tap)
+        r.add_route("*", "/api/taps/{tap}", self.unknown)
         r.add_get("/api/streams", self.list_streams)
         r.add_get(f"/api/streams/{STREAM_PATTERN}", self.get_stream)
 
@@ -221,6 +231,49 @@ class RelayRoutes:
 
     async def unknown(self, request: web.Request) -> web.Response:
         raise NotFound(f"no resource {request.method} {request.path}")
+
+    # --- RTP taps -------------------------------------------------------------------------
+
+    async def create_tap(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "tapping")
+        client = client_key(request.remote)
+        self._check_limits("", client, publishing=True)
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BadInput("body is not JSON") from None
+        tap_request = parse_tap_request(data)
+        self._check_limits("", client, publishing=True)
+        self.clients.reserve(client)
+        try:
+            tap = await self.service.tap(tap_request)
+        except BaseException:
+            self.clients.release(client)
+            raise
+        self.clients.bind(client, tap.id, lambda: not tap.closed.is_set())
+        location = f"/api/taps/{tap.id}"
+        return json_ok({**tap.description(), "location": location}, status=201,
+                       headers={"Location": location})
+
+    def _tap(self, request: web.Request) -> TapSession:
+        tap = self.service.find_tap(request.match_info["tap"])
+        if tap is None:
+            raise NotFound(f"no tap {request.match_info['tap']}")
+        return tap
+
+    async def list_taps(self, request: web.Request) -> web.Response:
+        return json_ok({"taps": [t.status() for t in self.service.taps()]})
+
+    async def get_tap(self, request: web.Request) -> web.Response:
+        return json_ok(self._tap(request).status())
+
+    async def delete_tap(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "tapping")
+        tap = self._tap(request)
+        await tap.close()
+        return json_ok({"id": tap.id, "state": tap.state, "ended": tap.ended_reason})
 
     async def list_streams(self, request: web.Request) -> web.Response:
         return json_ok({"streams": [s.status() for s in self.service.streams.by_name.values()]})

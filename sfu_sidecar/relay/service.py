@@ -23,6 +23,7 @@ from sfu_sidecar.relay.session import (
     ViewerSession,
 )
 from sfu_sidecar.relay.streams import Streams
+from sfu_sidecar.relay.tap import TapRequest, TapSession
 
 log = logs.get("relay")
 
@@ -63,7 +64,7 @@ class RelayService:
         self.header_extensions = tuple(header_extensions)
         self.observers: list[RelayObserver] = list(observers)
         self.streams = Streams()
-        self._accepted = {"publishers": 0, "viewers": 0}
+        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0}
         self.channel_limiter = MessageLimiter(
             "data_channel", settings.channel_messages_per_s, metrics.messages_dropped, log
         )
@@ -105,6 +106,26 @@ class RelayService:
             raise
         self._accepted["publishers"] += 1
         return session
+
+    async def tap(self, request: TapRequest) -> TapSession:
+        """A plain-RTP tap publishing ``request.stream`` (``relay/tap.py``)."""
+        stream = self.streams.get_or_create(request.stream)
+        session = TapSession(stream, self.settings, self.now_ns, self.observers, request)
+        stream.claim_publisher(session, session.request_keyframe)
+        try:
+            await session.open()
+        except BaseException:
+            await session.close(ENDED_REFUSED)
+            raise
+        self._accepted["taps"] += 1
+        return session
+
+    def taps(self) -> list[TapSession]:
+        return [s.publisher for s in self.streams.by_name.values()
+                if isinstance(s.publisher, TapSession)]
+
+    def find_tap(self, tap_id: str) -> TapSession | None:
+        return next((t for t in self.taps() if t.id == tap_id), None)
 
     async def view(self, name: str, offer: str) -> ViewerSession:
         stream = self.streams.get_or_create(name)
@@ -171,7 +192,8 @@ class _RelayCollector(Collector):
         )
         bad = CounterMetricFamily(
             f"{NAMESPACE}_relay_bad_packets",
-            "publisher packets dropped: unparsable RTP/RTCP or unknown payload type",
+            "publisher packets dropped: unparsable RTP/RTCP, unknown payload type, or (RTP "
+            "taps) from a source address or SSRC the tap does not accept, or too large",
             labels=["stream", "reason"],
         )
         sessions = CounterMetricFamily(
@@ -193,6 +215,8 @@ class _RelayCollector(Collector):
                 bad.add_metric([stream.name, "rtp"], c.parse_errors)
                 bad.add_metric([stream.name, "rtcp"], c.rtcp_errors)
                 bad.add_metric([stream.name, "payload_type"], c.unknown_payload)
+                bad.add_metric([stream.name, "source"], c.foreign_packets)
+                bad.add_metric([stream.name, "size"], c.oversize_packets)
             for kind, fw in stream.forwarders.items():
                 packets_in.add_metric([stream.name, kind], fw.packets_in)
                 packets_out.add_metric([stream.name, kind], fw.packets_sent())
@@ -201,6 +225,7 @@ class _RelayCollector(Collector):
         publishers.add_metric([], live)
         sessions.add_metric(["publisher"], s._accepted["publishers"])
         sessions.add_metric(["viewer"], s._accepted["viewers"])
+        sessions.add_metric(["tap"], s._accepted["taps"])
         cpu = GaugeMetricFamily(
             f"{NAMESPACE}_relay_cpu_percent",
             "share of one core this process used, smoothed over 2 s (new viewers are refused "

@@ -1,0 +1,424 @@
+"""RTP taps: a stream's publisher fed by plain RTP over UDP, from an SFU or any RTP sender.
+
+An SFU (Janus ``rtp_forward``, mediasoup's PlainTransport, LiveKit's egress) or a plain sender
+(GStreamer, ffmpeg) sends unencrypted RTP to the ports a tap listens on; the tap is the stream's
+publisher like a WHIP session is, through the same receive path (``PublisherSource``): the same
+forwarders, the same observer hooks (so sync maps capture time per track from the sender's RTCP
+sender reports, or from arrival time flagged as estimated), the same keyframe requests.
+
+Per media a tap binds an RTP port and an RTCP port (adjacent when they can be, RFC 3550 §11),
+inside ``ice_port_range`` when that is set; RTCP multiplexed onto the RTP port (RFC 5761) is
+accepted too. Feedback (PLI, NACK, receiver reports) goes to the address the sender's RTCP came
+from, once it sent some from a host that also sent the tap media: a tap never sends to an
+address that only ever sent it RTCP, so it cannot be used to reflect traffic elsewhere.
+
+Plain RTP is unauthenticated: whoever reaches the port can inject media. ``source`` (one IP
+address) and per-media ``ssrc`` drop everything else; the rest is the network's to restrict.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import ipaddress
+import random
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sfu_sidecar import logs
+from sfu_sidecar.config import PortRange, Settings
+from sfu_sidecar.exceptions import AtCapacity, BadInput
+from sfu_sidecar.relay import rtcp
+from sfu_sidecar.relay.hooks import RelayObserver
+from sfu_sidecar.relay.receiver import PublisherTrack
+from sfu_sidecar.relay.sdp import FORWARDABLE, CodecInfo
+from sfu_sidecar.relay.session import PublisherSource, StreamSlot
+from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
+
+log = logs.get("relay.tap")
+
+STREAM_NAME = re.compile(r"[A-Za-z0-9_.~-]{1,128}")
+CLOCK_RATES = {"opus": 48000, "vp8": 90000, "h264": 90000}
+# What an H.264 tap may say about its stream: the profile viewers negotiate, and the one
+# packetization mode the relay forwards.
+H264_PARAMETERS = ("profile-level-id", "packetization-mode", "level-asymmetry-allowed")
+DEFAULT_H264_PROFILE = "42e01f"
+# The largest RTP packet a tap forwards. Copies to viewers go out as SRTP through a 1500-byte
+# buffer that keeps 144 bytes for the trailer (pylibsrtp), and the relay writes its own header
+# extensions into each copy: larger packets could reach no viewer, so they are dropped and
+# counted here. WebRTC stacks keep to about 1200 bytes; plain senders are told to (README).
+MAX_RTP_BYTES = 1300
+PAIR_ATTEMPTS = 16  # adjacent port pairs tried outside a configured range before any two
+RETRY_AFTER_S = "5"
+
+Address = tuple[Any, ...]  # (host, port) or (host, port, flowinfo, scope_id)
+
+
+@dataclass(frozen=True)
+class TapMedia:
+    """One media a tap receives: its kind, codec and payload type, and the SSRC if known."""
+
+    kind: str
+    codec: CodecInfo
+    ssrc: int | None
+
+
+@dataclass(frozen=True)
+class TapRequest:
+    stream: str
+    media: tuple[TapMedia, ...]
+    source: str | None
+
+
+def _int(value: Any, what: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadInput(f"{what} must be an integer")
+    if not low <= value <= high:
+        raise BadInput(f"{what} must be between {low} and {high}")
+    return value
+
+
+def _keys(item: dict[str, Any], allowed: tuple[str, ...], what: str) -> None:
+    unknown = sorted(set(item) - set(allowed))
+    if unknown:
+        raise BadInput(f"{what}: unknown field(s) {', '.join(unknown)}; "
+                       f"accepted: {', '.join(allowed)}")
+
+
+def _media(item: Any, i: int) -> TapMedia:
+    what = f"media[{i}]"
+    if not isinstance(item, dict):
+        raise BadInput(f"{what} must be an object")
+    _keys(item, ("kind", "codec", "payload_type", "clock_rate", "channels", "ssrc",
+                 "parameters"), what)
+    kind = item.get("kind")
+    if kind not in FORWARDABLE:
+        raise BadInput(f"{what}.kind must be audio or video")
+    name = item.get("codec")
+    if not isinstance(name, str) or name.lower() not in FORWARDABLE[kind]:
+        raise BadInput(f"{what}.codec must be one of {', '.join(FORWARDABLE[kind])} for {kind} "
+                       "(the relay never transcodes)")
+    name = name.lower()
+    # Dynamic payload types only: the static ones name codecs the relay does not forward, and
+    # 64-95 would be taken for RTCP on a multiplexed port (RFC 5761 §4).
+    pt = _int(item.get("payload_type"), f"{what}.payload_type", 96, 127)
+    rate = CLOCK_RATES[name]
+    if "clock_rate" in item and _int(item["clock_rate"], f"{what}.clock_rate", 1,
+                                     1_000_000) != rate:
+        raise BadInput(f"{what}.clock_rate: {name} is clocked at {rate} Hz")
+    channels = 2 if name == "opus" else None
+    if "channels" in item and _int(item["channels"], f"{what}.channels", 1, 8) != channels:
+        raise BadInput(f"{what}.channels: {name} has {channels or 'no'} channels in RTP")
+    ssrc = None
+    if item.get("ssrc") is not None:
+        ssrc = _int(item["ssrc"], f"{what}.ssrc", 0, 0xFFFFFFFF)
+    parameters: dict[str, object] = {}
+    given = item.get("parameters", {})
+    if not isinstance(given, dict):
+        raise BadInput(f"{what}.parameters must be an object")
+    if given and name != "h264":
+        raise BadInput(f"{what}.parameters: only h264 takes parameters")
+    if name == "h264":
+        _keys(given, H264_PARAMETERS, f"{what}.parameters")
+        profile = given.get("profile-level-id", DEFAULT_H264_PROFILE)
+        if not isinstance(profile, str) or re.fullmatch(r"[0-9A-Fa-f]{6}", profile) is None:
+            raise BadInput(f"{what}.parameters.profile-level-id must be 6 hex digits")
+        if str(given.get("packetization-mode", 1)) != "1":
+            raise BadInput(f"{what}.parameters.packetization-mode: only 1 is forwarded")
+        parameters = {"profile-level-id": profile.lower(), "packetization-mode": 1,
+                      "level-asymmetry-allowed": 1}
+    return TapMedia(kind, CodecInfo(pt, name, rate, channels, parameters), ssrc)
+
+
+def parse_tap_request(body: Any) -> TapRequest:
+    """A ``POST /api/taps`` body, checked field by field; :class:`BadInput` says what is wrong.
+
+    ``{"stream": NAME, "media": [{"kind", "codec", "payload_type", "clock_rate"?,
+    "channels"?, "ssrc"?, "parameters"?}], "source"?: IP}``, at most one media per kind.
+    """
+    if not isinstance(body, dict):
+        raise BadInput("body must be a JSON object")
+    _keys(body, ("stream", "media", "source"), "tap")
+    stream = body.get("stream")
+    if not isinstance(stream, str) or STREAM_NAME.fullmatch(stream) is None:
+        raise BadInput("stream must be 1-128 characters of A-Z a-z 0-9 _ . ~ -")
+    items = body.get("media")
+    if not isinstance(items, list) or not 1 <= len(items) <= len(FORWARDABLE):
+        raise BadInput("media must be a list of one audio and/or one video description")
+    media = tuple(_media(item, i) for i, item in enumerate(items))
+    kinds = [m.kind for m in media]
+    if len(set(kinds)) != len(kinds):
+        raise BadInput("media: at most one audio and one video")
+    pts = [m.codec.payload_type for m in media]
+    if len(set(pts)) != len(pts):
+        raise BadInput("media: each needs its own payload_type (packets are routed by it)")
+    source = body.get("source")
+    if source is not None:
+        if not isinstance(source, str):
+            raise BadInput("source must be an IP address")
+        try:
+            address = ipaddress.ip_address(source)
+        except ValueError:
+            raise BadInput(f"source {source[:64]!r} is not an IP address") from None
+        # An IPv4 sender reaching a dual-stack socket shows as ::ffff:a.b.c.d; compare as v4.
+        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+        source = str(mapped or address)
+    return TapRequest(stream, media, source)
+
+
+def is_rtcp(data: bytes) -> bool:
+    """RTCP on a multiplexed port: packet types 192-223 sit where RTP's marker bit and
+    payload type are (RFC 5761 §4)."""
+    return len(data) >= 2 and 192 <= data[1] <= 223
+
+
+class _Endpoint(asyncio.DatagramProtocol):
+    """One bound UDP socket of a tap; datagrams go to the tap with the socket they came on."""
+
+    def __init__(self, on_datagram: Callable[[_Endpoint, bytes, Address], None]) -> None:
+        self.on_datagram = on_datagram
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: Address) -> None:
+        self.on_datagram(self, data, addr)
+
+    def error_received(self, exc: Exception) -> None:
+        # ICMP port unreachable from a feedback address that went away: nothing to do.
+        pass
+
+    @property
+    def port(self) -> int:
+        assert self.transport is not None
+        return int(self.transport.get_extra_info("sockname")[1])
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass
+class _MediaPorts:
+    rtp: _Endpoint
+    rtcp: _Endpoint
+    # Where the sender's RTCP came from, and the socket to answer it on.
+    feedback: tuple[_Endpoint, Address] | None = None
+
+
+class TapSession(PublisherSource):
+    """A stream's publisher fed by plain RTP; see the module docstring."""
+
+    def __init__(
+        self,
+        stream: StreamSlot,
+        settings: Settings,
+        now_ns: Callable[[], int],
+        observers: list[RelayObserver],
+        request: TapRequest,
+    ) -> None:
+        super().__init__("tap", stream, settings, now_ns, observers)
+        self._init_publisher()
+        self.request = request
+        self.media_ports: list[_MediaPorts] = []
+        self.host = settings.host or "0.0.0.0"
+        self._media_hosts: set[str] = set()  # hosts that sent media that reached a track
+
+    # --- set-up ---------------------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Bind the ports and start receiving; :class:`AtCapacity` when the range is full."""
+        self.receiver.rtcp_ssrc = random.getrandbits(32)
+        for i, media in enumerate(self.request.media):
+            rtp, rtcp_ep = await self._bind_pair(i)
+            self.media_ports.append(_MediaPorts(rtp, rtcp_ep))
+            forwarder = self.stream.forwarder(media.kind, media.codec)
+            forwarder.set_source({}, media.codec.name, media.codec.clock_rate)
+            self.receiver.add_track(PublisherTrack(
+                kind=media.kind,
+                mid=None,
+                codec=media.codec,
+                rtx_payload_type=None,
+                forwarder=forwarder,
+                stats=ReceiveStatistics(media.codec.clock_rate),
+                nack=NackGenerator() if media.kind == "video" else None,
+                extensions={},
+                rtx_ssrcs={},
+                media_ssrc=media.ssrc,
+            ))
+        self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
+        self._send_rtcp = self._feedback
+        self.state = "waiting"
+        self._tasks.start("tick", self._tick())
+        self._tasks.start("connect-deadline", self._connect_deadline())
+        log.info("tap %s on %s: %s on %s", self.id[:8], self.stream.name,
+                 ", ".join(f"{m.kind} {m.codec.name} rtp {p.rtp.port} rtcp {p.rtcp.port}"
+                           for m, p in zip(self.request.media, self.media_ports, strict=True)),
+                 self.host)
+
+    async def _bind(self, index: int, port: int) -> _Endpoint:
+        loop = asyncio.get_running_loop()
+        endpoint = _Endpoint(lambda ep, data, addr: self._datagram(index, ep, data, addr))
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: endpoint, local_addr=(self.host, port))
+        # Set here too: event loops differ in whether connection_made has run by now.
+        endpoint.transport = transport
+        return endpoint
+
+    async def _bind_pair(self, index: int) -> tuple[_Endpoint, _Endpoint]:
+        """An RTP and an RTCP socket: RTP on an even port and RTCP on the next when possible
+        (senders that are given one port send RTCP to the next, RFC 3550 §11), any two free
+        ports otherwise."""
+        ports = self.settings.ice_port_range
+        if ports is None:
+            for _ in range(PAIR_ATTEMPTS):
+                rtp = await self._bind(index, 0)
+                if rtp.port % 2 == 0 and rtp.port < 65535:
+                    try:
+                        return rtp, await self._bind(index, rtp.port + 1)
+                    except OSError as exc:
+                        if exc.errno != errno.EADDRINUSE:
+                            rtp.close()
+                            raise
+                rtp.close()
+            rtp = await self._bind(index, 0)
+            return rtp, await self._bind(index, 0)
+        return await self._bind_in_range(index, ports)
+
+    async def _bind_in_range(self, index: int, ports: PortRange) -> tuple[_Endpoint, _Endpoint]:
+        span = ports.high - ports.low + 1
+        start = random.randrange(span)
+        order = [ports.low + (start + i) % span for i in range(span)]
+        for port in order:  # adjacent pairs first
+            if port % 2 or port + 1 > ports.high:
+                continue
+            try:
+                rtp = await self._bind(index, port)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    continue
+                raise  # the host setting names no local address: the server's fault
+            try:
+                return rtp, await self._bind(index, port + 1)
+            except OSError:
+                rtp.close()
+        bound: list[_Endpoint] = []
+        for port in order:
+            try:
+                bound.append(await self._bind(index, port))
+            except OSError:
+                continue
+            if len(bound) == 2:
+                return bound[0], bound[1]
+        for endpoint in bound:
+            endpoint.close()
+        raise AtCapacity(f"no free UDP ports for a tap in {ports} (setting ice_port_range)",
+                         retry_after=RETRY_AFTER_S)
+
+    # --- packets --------------------------------------------------------------------------
+
+    def _datagram(self, index: int, endpoint: _Endpoint, data: bytes, addr: Address) -> None:
+        if self.closed.is_set():
+            return
+        host = str(addr[0])
+        if host.startswith("::ffff:") and "." in host:
+            host = host[7:]  # an IPv4 sender on a dual-stack socket
+        if self.request.source is not None and host != self.request.source:
+            self.counters.foreign_packets += 1
+            return
+        ports = self.media_ports[index]
+        if endpoint is ports.rtcp or is_rtcp(data):
+            self._rtcp_in(ports, endpoint, data, addr, host)
+            return
+        if len(data) > MAX_RTP_BYTES:
+            self.counters.oversize_packets += 1
+            return
+        expected = self.request.media[index].ssrc
+        if expected is not None and len(data) >= 12 and (
+            int.from_bytes(data[8:12], "big") != expected
+        ):
+            self.counters.foreign_packets += 1
+            return
+        if self._receive_media(data, 0):
+            self._media_hosts.add(host)
+            if not self.connected_once:
+                self.connected_once = True
+                self.state = "receiving"
+                self._notify("publisher_connected", lambda o: o.publisher_connected(self))
+
+    def _rtcp_in(self, ports: _MediaPorts, endpoint: _Endpoint, data: bytes,
+                 addr: Address, host: str) -> None:
+        errors = self.counters.rtcp_errors
+        self._on_rtcp(data)
+        if self.counters.rtcp_errors == errors and host in self._media_hosts:
+            ports.feedback = (endpoint, addr)
+
+    def _feedback(self, data: bytes) -> None:
+        """One RTCP compound for the sender: to the media whose SSRC it names (PLI, NACK),
+        or to every media that has a feedback address (receiver reports)."""
+        try:
+            messages = rtcp.parse_compound(data)
+        except ValueError:
+            return
+        named: set[int] = set()
+        for msg in messages:
+            if isinstance(msg, rtcp.Nack):
+                named.add(msg.media_ssrc)
+            elif isinstance(msg, rtcp.KeyframeRequest):
+                named.update(msg.media_ssrcs)
+        for track, ports in zip(self.tracks, self.media_ports, strict=True):
+            if ports.feedback is None or (named and track.media_ssrc not in named):
+                continue
+            endpoint, addr = ports.feedback
+            if endpoint.transport is not None:
+                endpoint.transport.sendto(data, addr)
+
+    # --- lifetime -------------------------------------------------------------------------
+
+    def _silence_counts(self) -> bool:
+        # Until the first packet the connect deadline applies (session_connect_timeout_s): an
+        # SFU may be told to forward only after the tap exists.
+        return self.connected_once
+
+    async def _release(self) -> None:
+        for ports in self.media_ports:
+            ports.rtp.close()
+            ports.rtcp.close()
+
+    def description(self) -> dict[str, Any]:
+        """Where to send: the ports per media, as the creating request is answered."""
+        return {
+            "id": self.id,
+            "stream": self.stream.name,
+            "host": self.host,
+            "source": self.request.source,
+            "media": [
+                {
+                    "kind": m.kind,
+                    "codec": m.codec.name,
+                    "payload_type": m.codec.payload_type,
+                    "clock_rate": m.codec.clock_rate,
+                    "ssrc": m.ssrc,
+                    "rtp_port": p.rtp.port,
+                    "rtcp_port": p.rtcp.port,
+                }
+                for m, p in zip(self.request.media, self.media_ports, strict=True)
+            ],
+        }
+
+    def status(self) -> dict[str, Any]:
+        status = super().status()
+        status["source_kind"] = "rtp_tap"
+        status["tap"] = self.description()
+        status["rtcp_errors"] = self.counters.rtcp_errors
+        status["unknown_payload"] = self.counters.unknown_payload
+        status["foreign_packets"] = self.counters.foreign_packets
+        status["oversize_packets"] = self.counters.oversize_packets
+        status["feedback_to"] = [
+            f"{p.feedback[1][0]}:{p.feedback[1][1]}" if p.feedback is not None else None
+            for p in self.media_ports
+        ]
+        return status
