@@ -9,8 +9,9 @@ sender reports, or from arrival time flagged as estimated), the same keyframe re
 Per media a tap binds an RTP port and an RTCP port (adjacent when they can be, RFC 3550 §11),
 inside ``ice_port_range`` when that is set; RTCP multiplexed onto the RTP port (RFC 5761) is
 accepted too. Feedback (PLI, NACK, receiver reports) goes to the address the sender's RTCP came
-from, once it sent some from a host that also sent the tap media: a tap never sends to an
-address that only ever sent it RTCP, so it cannot be used to reflect traffic elsewhere.
+from (or where a bare RTP header sent to the RTCP port came from, which is how Janus names
+its feedback port), once that host has also sent the tap media: a tap never sends to an address
+that only ever sent it RTCP, so it cannot be used to reflect traffic elsewhere.
 
 Plain RTP is unauthenticated: whoever reaches the port can inject media. ``source`` (one IP
 address) and per-media ``ssrc`` drop everything else; the rest is the network's to restrict.
@@ -45,11 +46,12 @@ CLOCK_RATES = {"opus": 48000, "vp8": 90000, "h264": 90000}
 # packetization mode the relay forwards.
 H264_PARAMETERS = ("profile-level-id", "packetization-mode", "level-asymmetry-allowed")
 DEFAULT_H264_PROFILE = "42e01f"
-# The largest RTP packet a tap forwards. Copies to viewers go out as SRTP through a 1500-byte
-# buffer that keeps 144 bytes for the trailer (pylibsrtp), and the relay writes its own header
-# extensions into each copy: larger packets could reach no viewer, so they are dropped and
-# counted here. WebRTC stacks keep to about 1200 bytes; plain senders are told to (README).
-MAX_RTP_BYTES = 1300
+# The largest RTP payload a tap forwards. Copies to viewers go out as SRTP through a 1500-byte
+# buffer that keeps 144 bytes for the trailer (pylibsrtp), and each copy carries the header
+# extensions the relay writes in place of the sender's: a larger payload could reach no viewer,
+# so it is dropped and counted here. 1300 bytes is what WebRTC stacks send (aiortc's VP8
+# packetizer, browsers' 1200-1300); plain senders are told to keep to it (README).
+MAX_PAYLOAD_BYTES = 1300
 PAIR_ATTEMPTS = 16  # adjacent port pairs tried outside a configured range before any two
 RETRY_AFTER_S = "5"
 
@@ -174,6 +176,24 @@ def is_rtcp(data: bytes) -> bool:
     return len(data) >= 2 and 192 <= data[1] <= 223
 
 
+def is_keepalive(data: bytes) -> bool:
+    """A bare RTP header with no payload: what some SFUs (Janus's rtp_forward) send from their
+    feedback socket to open the path for RTCP coming back."""
+    return len(data) == 12 and data[0] >> 6 == 2 and not is_rtcp(data)
+
+
+def _payload_size(data: bytes) -> int:
+    """Bytes after the RTP header, its CSRCs and its extension block (an upper bound when the
+    header is torn: the receive path refuses those anyway)."""
+    if len(data) < 12:
+        return 0
+    size = len(data) - 12 - 4 * (data[0] & 0x0F)
+    if data[0] & 0x10 and size >= 4:
+        at = len(data) - size
+        size -= 4 + 4 * int.from_bytes(data[at + 2:at + 4], "big")
+    return size
+
+
 class _Endpoint(asyncio.DatagramProtocol):
     """One bound UDP socket of a tap; datagrams go to the tap with the socket they came on."""
 
@@ -207,6 +227,9 @@ class _MediaPorts:
     rtcp: _Endpoint
     # Where the sender's RTCP came from, and the socket to answer it on.
     feedback: tuple[_Endpoint, Address] | None = None
+    # The latest RTCP source from a host that had sent no media yet (a sender announces its
+    # feedback port before its first packet): it becomes ``feedback`` once that host has.
+    pending: tuple[_Endpoint, Address, str] | None = None
 
 
 class TapSession(PublisherSource):
@@ -333,7 +356,7 @@ class TapSession(PublisherSource):
         if endpoint is ports.rtcp or is_rtcp(data):
             self._rtcp_in(ports, endpoint, data, addr, host)
             return
-        if len(data) > MAX_RTP_BYTES:
+        if _payload_size(data) > MAX_PAYLOAD_BYTES:
             self.counters.oversize_packets += 1
             return
         expected = self.request.media[index].ssrc
@@ -351,10 +374,23 @@ class TapSession(PublisherSource):
 
     def _rtcp_in(self, ports: _MediaPorts, endpoint: _Endpoint, data: bytes,
                  addr: Address, host: str) -> None:
-        errors = self.counters.rtcp_errors
-        self._on_rtcp(data)
-        if self.counters.rtcp_errors == errors and host in self._media_hosts:
+        if endpoint is ports.rtcp and is_keepalive(data):
+            pass  # not RTCP, but it names the sender's feedback address all the same
+        else:
+            errors = self.counters.rtcp_errors
+            self._on_rtcp(data)
+            if self.counters.rtcp_errors != errors:
+                return
+        if host in self._media_hosts:
             ports.feedback = (endpoint, addr)
+        else:
+            ports.pending = (endpoint, addr, host)
+
+    def _feedback_address(self, ports: _MediaPorts) -> tuple[_Endpoint, Address] | None:
+        if ports.pending is not None and ports.pending[2] in self._media_hosts:
+            ports.feedback = ports.pending[:2]
+            ports.pending = None
+        return ports.feedback
 
     def _feedback(self, data: bytes) -> None:
         """One RTCP compound for the sender: to the media whose SSRC it names (PLI, NACK),
@@ -370,9 +406,10 @@ class TapSession(PublisherSource):
             elif isinstance(msg, rtcp.KeyframeRequest):
                 named.update(msg.media_ssrcs)
         for track, ports in zip(self.tracks, self.media_ports, strict=True):
-            if ports.feedback is None or (named and track.media_ssrc not in named):
+            feedback = self._feedback_address(ports)
+            if feedback is None or (named and track.media_ssrc not in named):
                 continue
-            endpoint, addr = ports.feedback
+            endpoint, addr = feedback
             if endpoint.transport is not None:
                 endpoint.transport.sendto(data, addr)
 
@@ -417,8 +454,8 @@ class TapSession(PublisherSource):
         status["unknown_payload"] = self.counters.unknown_payload
         status["foreign_packets"] = self.counters.foreign_packets
         status["oversize_packets"] = self.counters.oversize_packets
+        addresses = [self._feedback_address(p) for p in self.media_ports]
         status["feedback_to"] = [
-            f"{p.feedback[1][0]}:{p.feedback[1][1]}" if p.feedback is not None else None
-            for p in self.media_ports
+            f"{a[1][0]}:{a[1][1]}" if a is not None else None for a in addresses
         ]
         return status

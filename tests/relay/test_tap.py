@@ -457,12 +457,15 @@ async def test_rtcp_multiplexed_on_the_rtp_port_is_taken_as_rtcp_and_big_packets
                                                    octet_count=100))
         assert is_rtcp(sr)
         s.sendto(sr, ("127.0.0.1", port))
-        # Larger than any viewer could be sent (MAX_RTP_BYTES): counted, not forwarded.
-        s.sendto(struct.pack("!BBHII", 0x80, 111, 5, 5 * 960, ssrc) + bytes(1300),
+        # A payload larger than any viewer could be sent (MAX_PAYLOAD_BYTES): counted, not
+        # forwarded; one at the limit, behind a header extension, is forwarded.
+        s.sendto(struct.pack("!BBHII", 0x80, 111, 5, 5 * 960, ssrc) + bytes(1301),
                  ("127.0.0.1", port))
+        s.sendto(struct.pack("!BBHIIHH", 0x90, 111, 6, 6 * 960, ssrc, 0xBEDE, 2) + bytes(8)
+                 + bytes(1300), ("127.0.0.1", port))
         await wait_for(lambda: session.tracks[0].last_sr is not None, 5, "the SR taken")
         await wait_for(lambda: session.counters.oversize_packets == 1, 5, "the big one counted")
-    assert session.tracks[0].stats.packets_received == 5
+    assert session.tracks[0].stats.packets_received == 6
     assert session.counters.parse_errors == 0 and session.counters.unknown_payload == 0
     assert session.status()["feedback_to"][0] is not None  # answered on the RTP port
 

@@ -1,0 +1,237 @@
+"""A Janus VideoRoom forwarding into an RTP tap, watched by a WHEP viewer.
+
+``python -m tests.relay.janus_tap_probe SECONDS`` runs, inside a network namespace of its own
+(``unshare -n``): Janus with the deployment image's configuration (deploy/janus/), the service
+in this process, an aiortc publisher that joins the VideoRoom over Janus's HTTP API, a tap that
+Janus ``rtp_forward``s the publisher's audio and video to, and an aiortc WHEP viewer that decodes
+the video for SECONDS. It prints one JSON line of figures.
+
+Janus gathers ICE candidates on no loopback interface, so the namespace gets a veth interface
+carrying 127.0.0.2 for Janus to use: every packet stays on 127.0.0.0/8, in a namespace that
+has nothing else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp.test_utils import TestServer
+from aiortc import RTCSessionDescription
+
+from sfu_sidecar.app import SERVICES_KEY, build_app
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.relay import aiortc_adapter
+from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.relay.peers import client_pc, view, wait_for
+
+ROOT = Path(__file__).resolve().parents[2]
+JANUS_INTERFACE = "jtap0"
+JANUS_ADDRESS = "127.0.0.2"
+ROOM = 1234  # the room deploy/janus/janus.plugin.videoroom.jcfg creates
+VIDEO_PT, AUDIO_PT = 100, 111
+JANUS_HTTP_PORT = 18088  # the namespace is private: no other process can hold it
+
+
+def setup_namespace() -> None:
+    for cmd in (
+        "ip link set lo up",
+        f"ip link add {JANUS_INTERFACE} type veth peer name {JANUS_INTERFACE}p",
+        f"ip addr add {JANUS_ADDRESS}/32 dev {JANUS_INTERFACE}",
+        f"ip link set {JANUS_INTERFACE} up",
+        f"ip link set {JANUS_INTERFACE}p up",
+    ):
+        subprocess.run(cmd.split(), check=True, capture_output=True, timeout=10)
+
+
+def janus_config(folder: Path, http_port: int) -> None:
+    for f in (ROOT / "deploy" / "janus").glob("*.jcfg"):
+        text = f.read_text().replace("port = 8088", f"port = {http_port}")
+        text = text.replace('ice_ignore_list = "vmnet"', f'ice_enforce_list = "{JANUS_INTERFACE}"')
+        (folder / f.name).write_text(text)
+
+
+class JanusHttp:
+    """The few calls of Janus's HTTP API that a VideoRoom publisher and an operator make."""
+
+    def __init__(self, http: aiohttp.ClientSession, base: str) -> None:
+        self.http = http
+        self.base = base
+        self.session: int | None = None
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        body = {**body, "transaction": secrets.token_hex(6)}
+        async with self.http.post(self.base + path, json=body) as resp:
+            answer: dict[str, Any] = await resp.json(content_type=None)
+        if answer.get("janus") not in ("success", "ack"):
+            raise RuntimeError(f"Janus refused {body}: {answer}")
+        return answer
+
+    async def create(self) -> None:
+        self.session = (await self._post("", {"janus": "create"}))["data"]["id"]
+
+    async def attach(self, plugin: str) -> int:
+        answer = await self._post(f"/{self.session}", {"janus": "attach", "plugin": plugin})
+        return int(answer["data"]["id"])
+
+    async def message(self, handle: int, body: dict[str, Any],
+                      jsep: dict[str, Any] | None = None) -> dict[str, Any]:
+        message: dict[str, Any] = {"janus": "message", "body": body}
+        if jsep is not None:
+            message["jsep"] = jsep
+        return await self._post(f"/{self.session}/{handle}", message)
+
+    async def event(self, limit_s: float = 30) -> dict[str, Any]:
+        """The next plugin event (long poll); keepalives and media notices are skipped."""
+        async with asyncio.timeout(limit_s):
+            for _ in range(100):
+                async with self.http.get(f"{self.base}/{self.session}?maxev=1") as resp:
+                    event: dict[str, Any] = await resp.json(content_type=None)
+                if event.get("janus") == "event":
+                    return event
+        raise RuntimeError("no event from Janus")
+
+
+async def wait_http(http: aiohttp.ClientSession, url: str,
+                    proc: subprocess.Popen[bytes]) -> None:
+    for _ in range(150):  # up to 30 s
+        if proc.poll() is not None:
+            raise RuntimeError("Janus exited")
+        try:
+            async with http.get(url) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.2)
+    raise RuntimeError("Janus never answered its HTTP API")
+
+
+async def decode_for(track: Any, seconds: float) -> int:
+    count = 0
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            async with asyncio.timeout(left):
+                await track.recv()
+        except TimeoutError:
+            break
+        count += 1
+    return count
+
+
+async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
+              result: dict[str, Any]) -> None:
+    settings = load_settings({"ice_addresses": "127.0.0.1", "host": "127.0.0.1",
+                              "data_dir": str(workdir / "data")})
+    app = build_app(settings)
+    relay = app[SERVICES_KEY].components.relay
+    assert relay is not None
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    base = f"http://127.0.0.1:{server.port}"
+    pc = client_pc()
+    try:
+        async with aiohttp.ClientSession() as http:
+            janus_base = f"http://127.0.0.1:{JANUS_HTTP_PORT}/janus"
+            await wait_http(http, f"{janus_base}/info", janus)
+            api = JanusHttp(http, janus_base)
+            await api.create()
+            handle = await api.attach("janus.plugin.videoroom")
+            await api.message(handle, {"request": "join", "ptype": "publisher", "room": ROOM,
+                                       "display": "renderer"})
+            publisher_id = (await api.event())["plugindata"]["data"]["id"]
+
+            timeline = Timeline.starting_now(time.time_ns)
+            pc.addTransceiver(BeepAudioTrack(timeline), direction="sendonly")
+            pc.addTransceiver(FlashVideoTrack(timeline), direction="sendonly")
+            # The publisher's candidate on Janus's address too: libnice pairs none of its
+            # candidates with a remote one on another 127.x address.
+            aiortc_adapter.install_ice(pc, (JANUS_ADDRESS,), None)
+            await pc.setLocalDescription(await pc.createOffer())
+            await api.message(handle, {"request": "configure", "audio": True, "video": True},
+                              # Every candidate is in the offer: Janus need wait for none.
+                              jsep={"type": "offer", "sdp": pc.localDescription.sdp,
+                                    "trickle": False})
+            answer = await api.event()
+            sdp = answer["jsep"]["sdp"]
+            result["janus_candidates"] = sorted(
+                set(re.findall(r"a=candidate:\S+ \d+ udp \d+ (\S+)", sdp)))
+            await pc.setRemoteDescription(RTCSessionDescription(sdp, "answer"))
+            result["publisher_connect_s"] = round(await wait_for(
+                lambda: pc.connectionState == "connected", 30, "Janus connected"), 2)
+
+            async with http.post(f"{base}/api/taps", json={"stream": "janus", "media": [
+                {"kind": "video", "codec": "vp8", "payload_type": VIDEO_PT},
+                {"kind": "audio", "codec": "opus", "payload_type": AUDIO_PT},
+            ]}) as resp:
+                tap = await resp.json()
+                assert resp.status == 201, tap
+            video, audio = tap["media"]
+            mids = {t.kind: t.mid for t in pc.getTransceivers()}
+            forwarded = await api.message(handle, {
+                "request": "rtp_forward", "room": ROOM, "publisher_id": publisher_id,
+                "host": "127.0.0.1", "host_family": "ipv4", "streams": [
+                    {"mid": mids["video"], "port": video["rtp_port"], "pt": VIDEO_PT,
+                     "rtcp_port": video["rtcp_port"]},
+                    {"mid": mids["audio"], "port": audio["rtp_port"], "pt": AUDIO_PT},
+                ]})
+            result["rtp_forward"] = forwarded["plugindata"]["data"]
+
+            viewer = await view(http, base, "janus", kinds=("audio", "video"))
+            try:
+                await wait_for(lambda: "video" in viewer.tracks, 20, "the viewer's video track")
+                result["frames_decoded"] = await decode_for(viewer.tracks["video"], seconds)
+            finally:
+                await viewer.close()
+            session = relay.find_tap(tap["id"])
+            assert session is not None
+            result["tap"] = session.status()
+            async with http.get(f"{base}/api/sync") as resp:
+                sync = await resp.json()
+            result["sync"] = next(p for p in sync["publishers"] if p["stream"] == "janus")
+            async with http.delete(f"{base}{tap['location']}") as resp:
+                result["delete_status"] = resp.status
+    finally:
+        await pc.close()
+        await server.close()
+
+
+def main() -> int:
+    seconds = float(sys.argv[1])
+    setup_namespace()
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="janus-tap-") as tmp:
+        workdir = Path(tmp)
+        janus_config(workdir, JANUS_HTTP_PORT)
+        log = workdir / "janus.log"
+        with log.open("wb") as out:
+            janus = subprocess.Popen(
+                ["janus", f"--config={workdir / 'janus.jcfg'}", f"--configs-folder={workdir}"],
+                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            asyncio.run(run(seconds, workdir, janus, result))
+        finally:
+            janus.terminate()
+            try:
+                janus.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                janus.kill()
+                janus.wait()
+            if "delete_status" not in result:  # it failed: Janus's side of the story
+                print(log.read_text()[-3000:], file=sys.stderr)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
