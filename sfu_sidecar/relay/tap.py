@@ -308,7 +308,11 @@ class TapSession(PublisherSource):
                             raise
                 rtp.close()
             rtp = await self._bind(index, 0)
-            return rtp, await self._bind(index, 0)
+            try:
+                return rtp, await self._bind(index, 0)
+            except BaseException:
+                rtp.close()
+                raise
         return await self._bind_in_range(index, ports)
 
     async def _bind_in_range(self, index: int, ports: PortRange) -> tuple[_Endpoint, _Endpoint]:
