@@ -13,8 +13,9 @@ COPY sfu_sidecar ./sfu_sidecar
 COPY web ./web
 RUN pip install . \
     # The viewer page and dashboard are served from a web/ folder beside the package; a
-    # non-editable install leaves it behind, so put it where the installed package looks.
-    && cp -r web "$(python -c 'from sfu_sidecar.app import WEB_DIR; print(WEB_DIR)')" \
+    # non-editable install leaves it behind, so put it where the installed package looks
+    # (python -I: the installed package, not the source tree in this folder).
+    && cp -r web "$(python -I -c 'from sfu_sidecar.app import WEB_DIR; print(WEB_DIR)')" \
     && rm -rf /src
 
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin sidecar \
