@@ -251,6 +251,7 @@ async def test_gstreamer_sender_through_a_tap_reaches_whep_viewers_with_capture_
         assert isinstance(session, TapSession)
         with running(gstreamer_sender(video, audio), tmp_path / "gst.log") as sender:
             viewer = await view(http, base, "gst", data_channel="sync")
+            started = time.monotonic()
             records = ViewerRecords()
             viewer.channel.on("message", records.feed)
             try:
@@ -275,8 +276,12 @@ async def test_gstreamer_sender_through_a_tap_reaches_whep_viewers_with_capture_
                            for k in ("audio", "video")):
                         break
                     await asyncio.sleep(0.5)
+                print(f"gstreamer tap: {len(decoded)} frames decoded in 10 s; capture times "
+                      f"from {tracks['video']['source']} {time.monotonic() - started:.1f} s "
+                      "after the viewer joined")
                 assert tracks["video"]["source"] == "sender_report", tracks
                 assert tracks["audio"]["source"] == "sender_report", tracks
+                assert any(isinstance(c, PublisherState) and c.live for c in records.controls)
                 assert tracks["video"]["estimated"] is True
                 assert tracks["video"]["sender_reports_refused"] == 0
                 # ...and reach the viewer as sync records for the frames it is sent.
@@ -379,6 +384,7 @@ async def test_ffmpeg_rtp_output_through_a_tap(
                         break
                     await asyncio.sleep(0.5)
                 assert await source() == "sender_report"
+                print(f"ffmpeg tap: {len(decoded)} frames decoded in 8 s")
             finally:
                 await viewer.close()
 
