@@ -1,10 +1,11 @@
 """RTP taps: a stream's publisher fed by plain RTP over UDP, from an SFU or any RTP sender.
 
-An SFU (Janus ``rtp_forward``, mediasoup's PlainTransport, LiveKit's egress) or a plain sender
+An SFU (Janus's ``rtp_forward``, a mediasoup PlainTransport) or a plain sender
 (GStreamer, ffmpeg) sends unencrypted RTP to the ports a tap listens on; the tap is the stream's
 publisher like a WHIP session is, through the same receive path (``PublisherSource``): the same
 forwarders, the same observer hooks (so sync maps capture time per track from the sender's RTCP
-sender reports, or from arrival time flagged as estimated), the same keyframe requests.
+sender reports, or from arrival time, which every record flags as its source), the same
+keyframe requests.
 
 Per media a tap binds an RTP port and an RTCP port (adjacent when they can be, RFC 3550 §11),
 inside ``ice_port_range`` when that is set; RTCP multiplexed onto the RTP port (RFC 5761) is
