@@ -1,0 +1,363 @@
+// Captions placed by capture time in a player the page already has: the media comes from any SFU
+// (LiveKit, mediasoup, Janus, the sidecar's own WHEP), the captions and the house clock from the
+// sidecar. The page hands over its <video> and the video track's RTCRtpReceiver; attach() shows
+// each cue on a TextTrack of that <video>, active while the frames captured in its interval are
+// on screen.
+//
+// How a frame's capture time is found, best first:
+//   1. abs-capture-time: Chromium reports it per frame in receiver.getSynchronizationSources()
+//      (captureTimestamp, ms since the NTP epoch) when the connection negotiated the header
+//      extension and the SFU forwards it. Publishers joined to the house clock stamp house time.
+//   2. rVFC captureTime: requestVideoFrameCallback metadata on the page's performance clock,
+//      which Chromium estimates for remote frames from RTCP sender reports; moved to house
+//      time through the clock join.
+//   3. arrival: the frame's receive time (or its presentation time) on the house clock, an
+//      estimate late by the publisher's encode and the network path.
+// The source in use and, below the first, the reason are in `stats`.
+//
+// Cues are placed on the video.currentTime timeline: for a frame captured at stream time C and
+// presented while currentTime reads t, a cue [start, end) (stream seconds) goes to
+// [t + start - C, t + end - C), boundaries not yet reached pushed out (see placeCue), and is
+// re-placed at the frame whose capture time crosses one of its boundaries.
+
+import { CueBook } from "./captions.js";
+import { joinClock } from "./clocksync.js";
+import { median, PlayoutMeter } from "./playout.js";
+import { SOURCES } from "./syncwire.js";
+import { ABS_CAPTURE_TIME } from "./whep.js";
+
+// The viewer page's names for where a capture time came from (proto/sync.md).
+export const [SOURCE_ABS, SOURCE_SENDER_REPORT, SOURCE_ARRIVAL] = SOURCES;
+
+export const NTP_EPOCH_UNIX_MS = 2_208_988_800_000; // 1900-01-01 to 1970-01-01
+// Every WebRTC video codec's RTP clock (RFC 7741 VP8, RFC 6184 H.264, VP9, AV1).
+export const VIDEO_RTP_HZ = 90_000;
+// A sample this far off the capture line learnt so far starts a new one.
+const DISCONTINUITY_NS = 5_000_000n;
+// How far a cue boundary not yet reached is pushed past the presented frame: longer than any
+// gap between frames at a usable frame rate, so currentTime running on does not cross it
+// between two frames; if frames stall longer, a pending cue may show on the last one.
+export const GUARD_S = 0.5;
+// Frames whose estimated capture times are smoothed together (about a second of video).
+const SMOOTH_FRAMES = 31;
+const REJOIN_MS = 60_000; // as the viewer page: a browser clock drifts, the join is renewed
+const POLL_MS = 500;
+// Frames without abs-capture-time before it is declared missing (a few frames may precede the
+// first source report).
+const ABS_GRACE_FRAMES = 15;
+
+// Signed 32-bit RTP timestamp difference a - b, wrap-safe.
+export function rtpDiff(a, b) {
+  return ((a - b) | 0);
+}
+
+// Capture times seen in getSynchronizationSources(), keyed by RTP timestamp. Chromium rounds
+// captureTimestamp to the millisecond; capture time and RTP time run together (both come from the
+// publisher's capture clock), so a frame's capture time is the median over recent samples of
+// each one's time moved by the RTP clock, which takes the rounding out.
+export class CaptureLog {
+  constructor(size = 64) {
+    this.size = size;
+    this.samples = []; // {rtp, captureNs (BigInt house ns)}
+  }
+
+  // Adds Chromium's synchronization sources (an array); returns true if any carried a capture time.
+  addSources(sources) {
+    let any = false;
+    for (const s of sources ?? []) {
+      if (s.captureTimestamp === undefined || s.captureTimestamp === null
+          || s.rtpTimestamp === undefined) continue;
+      any = true;
+      if (this.samples.some((x) => x.rtp === s.rtpTimestamp)) continue;
+      const captureNs = absCaptureNs(s);
+      const expected = this.captureOf(s.rtpTimestamp);
+      // Off the line by more than rounding: the capture timeline jumped (a new publisher, a
+      // reset RTP clock); what was learnt of the old one no longer applies.
+      if (expected !== null && (expected - captureNs > DISCONTINUITY_NS
+          || captureNs - expected > DISCONTINUITY_NS)) this.samples = [];
+      this.samples.push({ rtp: s.rtpTimestamp, captureNs });
+      if (this.samples.length > this.size) this.samples.shift();
+    }
+    return any;
+  }
+
+  // House ns of the frame with RTP timestamp `rtp`, or null without a sample within one second.
+  captureOf(rtp) {
+    const estimates = [];
+    for (const s of this.samples) {
+      const d = rtpDiff(rtp, s.rtp);
+      if (Math.abs(d) <= VIDEO_RTP_HZ) estimates.push(s.captureNs + BigInt(Math.round((d * 1e9) / VIDEO_RTP_HZ)));
+    }
+    if (estimates.length === 0) return null;
+    estimates.sort((a, b) => (a < b ? -1 : a > b ? 1 : 0));
+    return estimates[estimates.length >> 1];
+  }
+}
+
+// House ns from a synchronization source's captureTimestamp (ms since 1900). The capture
+// system's own clock is the one cues are on (publishers join the house clock), so
+// senderCaptureTimeOffset, which would move it onto the last sender's clock, is not added.
+export function absCaptureNs(source) {
+  return BigInt(Math.round((source.captureTimestamp - NTP_EPOCH_UNIX_MS) * 1e6));
+}
+
+// House ns of an instant on the page's performance clock (ms), given house - browser offset.
+export function perfToHouseNs(perfMs, offsetNs, timeOrigin = globalThis.performance.timeOrigin) {
+  return BigInt(Math.round((timeOrigin + perfMs) * 1e6)) + offsetNs;
+}
+
+// Where a cue goes on the video.currentTime timeline, decided for the frame being presented.
+//
+// Chromium's currentTime for a MediaStream runs on continuously with the wall clock between
+// frames (it is not the presented frame's mediaTime), and the browser re-evaluates cues at
+// moments of its own (a timer, timeupdate). So cues are placed anew for each presented frame,
+// relative to currentTime `t` as read in that frame's requestVideoFrameCallback (cue changes made
+// there apply before the frame is painted): a cue is active now exactly when the frame's capture
+// stream time `frameS` is in [start, end); a boundary still ahead is put `guardS` further out, so
+// currentTime running on does not cross it between frames: it is crossed at the frame whose
+// capture time reaches it, when this is called again. Returns [startTime, endTime].
+export function placeCue(cue, frameS, t, guardS = GUARD_S) {
+  if (frameS < cue.start) {
+    const start = t + guardS + (cue.start - frameS);
+    return [start, start + (cue.end - cue.start)];
+  }
+  const start = t - (frameS - cue.start);
+  if (frameS < cue.end) return [start, t + guardS + (cue.end - frameS)];
+  return [start, t - (frameS - cue.end)];
+}
+
+// Why abs-capture-time is not there, as precisely as the receiver lets us say.
+export function absMissingReason(receiver) {
+  let negotiated = null;
+  try {
+    const exts = receiver.getParameters().headerExtensions;
+    if (Array.isArray(exts)) negotiated = exts.some((e) => e.uri === ABS_CAPTURE_TIME);
+  } catch (_) {
+    // no parameters to read: say what we can
+  }
+  if (negotiated === false) {
+    return "abs-capture-time not negotiated on this connection (the receiver's header extensions lack it)";
+  }
+  if (negotiated === true) {
+    return "abs-capture-time negotiated but absent from the received frames (the SFU does not forward it)";
+  }
+  return "the browser reports no abs-capture-time for this receiver";
+}
+
+function wsUrl(base, path) {
+  const url = new URL(path, base);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
+}
+
+export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token, pollMs = POLL_MS,
+  label = "captions" } = {}) {
+  if (!video || typeof video.requestVideoFrameCallback !== "function") {
+    throw new TypeError("attach: video must be an HTMLVideoElement with requestVideoFrameCallback");
+  }
+  if (!stream) throw new TypeError("attach: stream is required");
+  const base = new URL(sidecarUrl ?? globalThis.location.href).href;
+  const book = new CueBook();
+  const meter = new PlayoutMeter();
+  const track = video.addTextTrack("captions", label, lang);
+  track.mode = "showing";
+  const vttCues = new Map(); // cue id -> VTTCue on `track`
+  const captureLog = new CaptureLog();
+  const offsets = []; // recent (media time - estimated capture stream time), seconds
+  let placing = null; // the presented frame cues are placed for: {frameS, t}
+  let since = 0;
+  let stopped = false;
+  let frameHandle = null;
+  let pollTimer = null;
+  let rejoinTimer = null;
+  let clock = null;
+  let absFramesMissing = 0;
+
+  const stats = {
+    stream, lang,
+    presented: 0, mapped: 0,
+    source: null, estimated: null, fallbackReason: null,
+    captionFeed: new URL(`/api/streams/${encodeURIComponent(stream)}/captions`, base).href,
+    captionFeedError: null,
+    clock: { state: "joining", offsetNs: null, errorNs: null, rttNs: null, error: null },
+    epochNs: null,
+    cuesLoaded: 0, cuesShown: 0, replacements: 0,
+    lastCaptureNs: null, lastStreamS: null, lastMediaTime: null, relationS: null,
+    captionErrorMs: null,
+  };
+
+  async function rejoin() {
+    try {
+      clock = await joinClock(wsUrl(base, "/api/clock/ws"));
+      Object.assign(stats.clock, { state: "joined", offsetNs: clock.offsetNs, errorNs: clock.errorNs,
+        rttNs: clock.rttNs, error: null });
+    } catch (err) {
+      // Keep the last good join; without any, the browser clock stands in (offset 0).
+      Object.assign(stats.clock, { state: clock === null ? "failed" : "joined (renewal failed)",
+        error: String(err.message ?? err) });
+    }
+  }
+
+  const headers = token ? { Authorization: `Bearer ${token}` } : {};
+  async function poll() {
+    try {
+      for (;;) {
+        const url = new URL(`/api/streams/${encodeURIComponent(stream)}/captions`, base);
+        url.searchParams.set("since", String(since));
+        url.searchParams.set("lang", lang);
+        const resp = await fetch(url, { headers, cache: "no-store" });
+        if (!resp.ok) throw new Error(`caption feed ${resp.status}`);
+        const text = await resp.text();
+        const doc = JSON.parse(text);
+        // JSON.parse rounds an epoch in ns (past 2^53) to a few hundred ns; the text is exact.
+        const epoch = /"epoch_ns"\s*:\s*(\d+)/.exec(text);
+        if (epoch !== null && stats.epochNs === null) {
+          book.setEpoch(BigInt(epoch[1]));
+          stats.epochNs = book.epochNs;
+        }
+        for (const c of doc.cues) {
+          if (c.lang !== lang) continue;
+          book.apply(c.retracted ? { type: "cue_retract", id: c.id } : { type: "cue", ...c });
+          syncCue(c.id, true);
+        }
+        stats.captionFeedError = null;
+        if (doc.next === since || doc.cues.length === 0) break;
+        since = doc.next;
+      }
+      stats.cuesLoaded = book.cues.size;
+    } catch (err) {
+      stats.captionFeedError = String(err.message ?? err);
+    }
+    if (!stopped) pollTimer = setTimeout(poll, pollMs);
+  }
+
+  // Adds, moves or removes the VTTCue of book cue `id` to match the book and the frame being
+  // presented (`placing`: its capture stream time and currentTime as read for it); `force` after
+  // the cue itself changed.
+  function syncCue(id, force = false) {
+    const cue = book.cues.get(id);
+    const existing = vttCues.get(id);
+    if (cue === undefined) {
+      if (existing) {
+        track.removeCue(existing);
+        vttCues.delete(id);
+      }
+      return;
+    }
+    if (placing === null) return; // no frame mapped yet: nothing to place against
+    const { frameS, t } = placing;
+    const [start, end] = placeCue(cue, frameS, t);
+    if (existing === undefined) {
+      const vtt = new VTTCue(start, end, cue.text);
+      vtt.id = id;
+      track.addCue(vtt);
+      vttCues.set(id, vtt);
+      return;
+    }
+    if (existing.text !== cue.text) existing.text = cue.text;
+    if (!force && placedWell(existing, start <= t && t < end, frameS >= cue.end, t)) return;
+    stats.replacements++;
+    // Widen first, so the cue never has end < start in between.
+    if (end > existing.endTime) {
+      existing.endTime = end;
+      existing.startTime = start;
+    } else {
+      existing.startTime = start;
+      existing.endTime = end;
+    }
+  }
+
+  // Whether a placed cue already has the state the presented frame asks for and keeps it until
+  // the next frame: each write makes the browser re-evaluate the track, so cues are left alone
+  // while they are right (a cue moves when the frame-to-capture relation crosses its boundary).
+  function placedWell(vtt, shouldBeActive, ended, t) {
+    const isActive = vtt.startTime <= t && t < vtt.endTime;
+    if (isActive !== shouldBeActive) return false;
+    if (isActive) return vtt.endTime - t >= GUARD_S / 2;
+    if (ended) return vtt.endTime <= t;
+    return vtt.startTime - t >= GUARD_S / 2;
+  }
+
+  // The capture time (BigInt house ns) of the frame rVFC reports, and where it came from.
+  function captureOf(now, meta) {
+    if (receiver && captureLog.addSources(receiver.getSynchronizationSources())) absFramesMissing = 0;
+    else absFramesMissing++;
+    if (meta.rtpTimestamp !== undefined) {
+      const ns = captureLog.captureOf(meta.rtpTimestamp);
+      if (ns !== null) return { ns, source: SOURCE_ABS, estimated: false, reason: null };
+    }
+    const reason = !receiver
+      ? "no RTCRtpReceiver given: abs-capture-time cannot be read"
+      : meta.rtpTimestamp === undefined
+        ? "requestVideoFrameCallback gives no rtpTimestamp: frames cannot be matched to abs-capture-time"
+        : absFramesMissing < ABS_GRACE_FRAMES ? null : absMissingReason(receiver);
+    if (reason === null) return null; // still waiting for the first source report
+    const offsetNs = clock === null ? 0n : clock.offsetNs;
+    if (typeof meta.captureTime === "number" && meta.captureTime > 0) {
+      return { ns: perfToHouseNs(meta.captureTime, offsetNs), source: SOURCE_SENDER_REPORT, estimated: true,
+        reason: `${reason}; placing by requestVideoFrameCallback captureTime (RTCP sender reports)` };
+    }
+    const arrival = typeof meta.receiveTime === "number" && meta.receiveTime > 0
+      ? meta.receiveTime : now;
+    return { ns: perfToHouseNs(arrival, offsetNs), source: SOURCE_ARRIVAL, estimated: true,
+      reason: `${reason}; the browser gives no capture time either, placing by arrival` };
+  }
+
+  function onFrame(now, meta) {
+    if (stopped) return;
+    frameHandle = video.requestVideoFrameCallback(onFrame);
+    stats.presented++;
+    const found = captureOf(now, meta);
+    if (found === null) return;
+    stats.mapped++;
+    stats.source = found.source;
+    stats.estimated = found.estimated;
+    stats.fallbackReason = found.reason;
+    stats.lastCaptureNs = found.ns;
+    stats.lastMediaTime = meta.mediaTime;
+    let streamS = book.streamSeconds(found.ns);
+    stats.lastStreamS = streamS;
+    if (streamS === null) return; // no epoch yet: nothing to place against
+    if (found.estimated) {
+      // An estimate jitters from frame to frame with the network; the frames' own media times
+      // (from their RTP timestamps) do not: the median offset of recent frames carries it.
+      offsets.push(meta.mediaTime - streamS);
+      if (offsets.length > SMOOTH_FRAMES) offsets.shift();
+      streamS = meta.mediaTime - median(offsets);
+    } else {
+      offsets.length = 0;
+    }
+    placing = { frameS: streamS, t: video.currentTime };
+    stats.relationS = placing.t - streamS;
+    for (const id of book.cues.keys()) syncCue(id);
+    // Caption timing as the viewer page reports it: capture time of the first frame showing
+    // each cue minus the cue's start.
+    for (const vtt of track.activeCues ?? []) {
+      const cue = book.cues.get(vtt.id);
+      if (cue) meter.caption(cue, streamS);
+    }
+    stats.cuesShown = meter.seenCues.size;
+    if (meter.captionErrorsMs.length) stats.captionErrorMs = median(meter.captionErrorsMs);
+    if (stats.presented % 300 === 0) {
+      book.prune(streamS); // bounded memory, as the viewer page; their VTTCues go with them
+      for (const id of [...vttCues.keys()]) if (!book.cues.has(id)) syncCue(id);
+    }
+  }
+
+  rejoin();
+  rejoinTimer = setInterval(rejoin, REJOIN_MS);
+  poll();
+  frameHandle = video.requestVideoFrameCallback(onFrame);
+
+  function detach() {
+    stopped = true;
+    clearTimeout(pollTimer);
+    clearInterval(rejoinTimer);
+    if (frameHandle !== null) video.cancelVideoFrameCallback(frameHandle);
+    for (const vtt of vttCues.values()) track.removeCue(vtt);
+    vttCues.clear();
+    track.mode = "disabled"; // a TextTrack cannot be removed from its element; it is hidden
+  }
+
+  return { stats, track, book, detach };
+}
