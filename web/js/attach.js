@@ -26,6 +26,10 @@ import { median, PlayoutMeter } from "./playout.js";
 import { SOURCES } from "./syncwire.js";
 import { ABS_CAPTURE_TIME } from "./whep.js";
 
+// For the page's own connection: asks Chromium to negotiate abs-capture-time on a transceiver
+// (it does not by default), before the SDP that negotiates it is made.
+export { negotiateAbsCaptureTime } from "./whep.js";
+
 // The viewer page's names for where a capture time came from (proto/sync.md).
 export const [SOURCE_ABS, SOURCE_SENDER_REPORT, SOURCE_ARRIVAL] = SOURCES;
 
