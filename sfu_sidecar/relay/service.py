@@ -21,6 +21,7 @@ from sfu_sidecar.relay.session import (
     PublisherSession,
     PublisherSource,
     ViewerSession,
+    ViewerSink,
 )
 from sfu_sidecar.relay.streams import Streams
 from sfu_sidecar.relay.tap import TapRequest, TapSession
@@ -86,7 +87,7 @@ class RelayService:
     async def stop(self) -> None:
         if self._cpu_task is not None:
             self._cpu_task.cancel()
-        sessions: list[PublisherSource | ViewerSession] = []
+        sessions: list[PublisherSource | ViewerSink] = []
         for stream in list(self.streams.by_name.values()):
             if stream.publisher is not None:
                 sessions.append(stream.publisher)
@@ -142,7 +143,7 @@ class RelayService:
         return session
 
     def find_session(self, stream_name: str, session_id: str) -> (
-        PublisherSource | ViewerSession | None
+        PublisherSource | ViewerSink | None
     ):
         stream = self.streams.by_name.get(stream_name)
         if stream is None:

@@ -76,9 +76,9 @@ class StreamSlot(Protocol):
 
     def publisher_closed(self, session: PublisherSource) -> None: ...
 
-    def viewer_connected(self, session: ViewerSession) -> None: ...
+    def viewer_connected(self, session: ViewerSink) -> None: ...
 
-    def viewer_closed(self, session: ViewerSession) -> None: ...
+    def viewer_closed(self, session: ViewerSink) -> None: ...
 
     def keyframe_requested(self, output: ViewerOutput, now_ns: int) -> None: ...
 
@@ -219,6 +219,14 @@ class _SessionBase:
             except Exception:
                 log.exception("observer failed on %s", hook)
 
+    def _parse_rtcp(self, data: bytes, now_ns: int) -> list[rtcp.RtcpMessage]:
+        """A compound packet's messages; a torn one is counted and yields none."""
+        try:
+            return rtcp.parse_compound(data, now_ns)
+        except ValueError:
+            self.counters.rtcp_errors += 1
+            return []
+
 
 class _PeerSession(_SessionBase):
     """What WebRTC sessions (publisher and viewer) share: the peer connection, trickle ICE,
@@ -260,14 +268,6 @@ class _PeerSession(_SessionBase):
 
     def _channel_opened(self, channel: ChannelHandle) -> None:
         raise NotImplementedError
-
-    def _parse_rtcp(self, data: bytes, now_ns: int) -> list[rtcp.RtcpMessage]:
-        """A compound packet's messages; a torn one is counted and yields none."""
-        try:
-            return rtcp.parse_compound(data, now_ns)
-        except ValueError:
-            self.counters.rtcp_errors += 1
-            return []
 
 
 class PublisherSource(_SessionBase):
@@ -511,13 +511,163 @@ class PublisherSession(PublisherSource, _PeerSession):
         await adapter.close_peer(self.pc)
 
 
-class ViewerSession(_PeerSession):
-    """A WHEP viewer: silenced aiortc senders whose packets the relay writes itself.
+class ViewerSink(_SessionBase):
+    """What receives a stream as a viewer: the part every kind of viewer shares.
+
+    A WHEP session (:class:`ViewerSession`) and a plain-RTP feed (``relay/feed.py``) differ
+    only in how packets leave and where RTCP comes from: each calls :meth:`_init_viewer` once,
+    fills :attr:`outputs` (one :class:`ViewerOutput` per kind), calls :meth:`_start_outputs`
+    once it can send (with each output's ``transmit`` set), hands RTCP from the receiver to
+    :meth:`_on_rtcp`, and releases its transport in :meth:`_release`. The rest (joining the
+    forwarders, NACK answers, keyframe requests, receiver reports, sender reports built by the
+    observers' rewriters, status) happens here once.
 
     Observers see it as a ``hooks.ViewerHandle``: :attr:`outputs` (kind ->
     :class:`ViewerOutput`, with ``observers`` and ``sender_report_rewriter``),
-    :attr:`accepts_data_channel`; channels the viewer opens reach them through
-    ``RelayObserver.viewer_data_channel`` (and stay in :attr:`data_channels`, by label).
+    :attr:`accepts_data_channel`.
+    """
+
+    def _init_viewer(self) -> None:
+        self.outputs: dict[str, ViewerOutput] = {}
+        self.accepts_data_channel = False
+        self.cname = "sfu-sidecar"
+
+    def _start_outputs(self) -> None:
+        """The outputs can send: join the forwarders, start sender reports, tell observers."""
+        self.connected_once = True
+        self.stream.viewer_connected(self)
+        self._tasks.start("rtcp", self._rtcp_loop())
+        self._notify("viewer_connected", lambda o: o.viewer_connected(self))
+
+    # --- feedback from the receiver -----------------------------------------------------------
+
+    def _on_rtcp(self, data: bytes) -> None:
+        now = self.now_ns()
+        for msg in self._parse_rtcp(data, now):
+            if isinstance(msg, rtcp.Nack):
+                output = self._output_for(msg.media_ssrc)
+                if output is None:
+                    continue
+                forwarder = self.stream.forwarders.get(output.kind)
+                if forwarder is None:
+                    continue
+                for packet in forwarder.retransmit(output, list(msg.lost), now):
+                    self._send(output.transmit, packet)
+            elif isinstance(msg, rtcp.KeyframeRequest):
+                for media_ssrc in msg.media_ssrcs:
+                    output = self._output_for(media_ssrc)
+                    if output is not None:
+                        self.stream.keyframe_requested(output, now)
+            elif isinstance(msg, (rtcp.ReceiverReportPacket, rtcp.SenderReportPacket)):
+                for block in msg.reports:
+                    output = self._output_for(block.ssrc)
+                    if output is not None:
+                        output.last_report = block
+                        self._receiver_report_in(output.kind, block)
+
+    def _receiver_report_in(self, kind: str, block: rtcp.ReportBlock) -> None:
+        self._notify("viewer_receiver_report",
+                     lambda o: o.viewer_receiver_report(self, kind, block))
+
+    def _output_for(self, ssrc: int) -> ViewerOutput | None:
+        for output in self.outputs.values():
+            if output.config.ssrc == ssrc:
+                return output
+        return None
+
+    # --- sending ------------------------------------------------------------------------------
+
+    def _send(self, send: Callable[[bytes], None] | None, data: bytes) -> None:
+        # Before the transport is up there is nowhere to send; a failing send is counted and
+        # costs only this packet.
+        if send is None:
+            return
+        try:
+            send(data)
+        except Exception:
+            self.counters.send_errors += 1
+
+    def _rtcp_sender(self, output: ViewerOutput) -> Callable[[bytes], None] | None:
+        """Where ``output``'s RTCP goes (one transport for every kind, unless overridden)."""
+        return self._send_rtcp
+
+    def _sender_report(self, forwarder: TrackForwarder, output: ViewerOutput) -> (
+        rtcp.SenderReport | None
+    ):
+        """The SR handed to the output's rewriter: the publisher's latest, moved into this
+        output's RTP time (None until the publisher sent one)."""
+        return forwarder.sender_report_for(output)
+
+    async def _rtcp_loop(self) -> None:
+        while not self.closed.is_set():
+            await asyncio.sleep(RTCP_INTERVAL_NS / 1e9 * (0.5 + random.random()))
+            for output in list(self.outputs.values()):
+                forwarder = self.stream.forwarders.get(output.kind)
+                if forwarder is None or not output.started:
+                    continue
+                report = self._sender_report(forwarder, output)
+                if output.sender_report_rewriter is not None:
+                    try:
+                        report = output.sender_report_rewriter(report)
+                    except Exception:
+                        log.exception("sender report rewriter failed")
+                        report = None
+                if report is None:
+                    continue
+                self._send(
+                    self._rtcp_sender(output),
+                    rtcp.build_sr(output.config.ssrc, report)
+                    + rtcp.build_sdes_cname(output.config.ssrc, self.cname),
+                )
+
+    # --- lifetime -----------------------------------------------------------------------------
+
+    async def close(self, reason: str = ENDED_DELETED) -> None:
+        if self.closed.is_set():
+            return
+        self.closed.set()
+        self.state = "closed"
+        self.ended_reason = reason
+        for output in self.outputs.values():
+            output.transmit = None
+        await self._tasks.stop()
+        self.stream.viewer_closed(self)
+        self._notify("viewer_closed", lambda o: o.viewer_closed(self))
+        await self._release()
+
+    async def _release(self) -> None:
+        """Free the transport (peer connection, sockets) once the session has ended."""
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.state,
+            "data_channel": self.accepts_data_channel,
+            "tracks": [
+                {
+                    "kind": o.kind,
+                    "ssrc": o.config.ssrc,
+                    "payload_type": o.config.payload_type,
+                    "started": o.started,
+                    "packets_sent": o.packets_sent,
+                    "nacks_received": o.nacks_received,
+                    "retransmitted": o.retransmitted,
+                    "plis_forwarded": o.keyframe_requests,
+                    "send_errors": o.send_errors,
+                    "fraction_lost": (
+                        o.last_report.fraction_lost / 256 if o.last_report is not None else None
+                    ),
+                }
+                for o in self.outputs.values()
+            ],
+        }
+
+
+class ViewerSession(ViewerSink, _PeerSession):
+    """A WHEP viewer: silenced aiortc senders whose packets the relay writes itself.
+
+    Channels the viewer opens reach observers through ``RelayObserver.viewer_data_channel``
+    (and stay in :attr:`data_channels`, by label).
     """
 
     def __init__(
@@ -531,10 +681,8 @@ class ViewerSession(_PeerSession):
         channel_limiter: MessageLimiter | None = None,
     ) -> None:
         super().__init__("viewer", stream, settings, now_ns, observers, channel_limiter)
+        self._init_viewer()
         self.media_clock = media_clock
-        self.outputs: dict[str, ViewerOutput] = {}
-        self.accepts_data_channel = False
-        self.cname = "sfu-sidecar"
         self._send_rtp: Callable[[bytes], None] | None = None
 
     def _channel_opened(self, channel: ChannelHandle) -> None:
@@ -616,121 +764,13 @@ class ViewerSession(_PeerSession):
         state = self.pc.connectionState
         self.state = state
         if state == "connected" and not self.connected_once:
-            self.connected_once = True
             dtls = adapter.dtls_transports(self.pc)[0]
             self._send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
             for output in self.outputs.values():
                 output.transmit = self._send_rtp
-            self.stream.viewer_connected(self)
-            self._tasks.start("rtcp", self._rtcp_loop())
-            self._notify("viewer_connected", lambda o: o.viewer_connected(self))
+            self._start_outputs()
         elif state in ("failed", "closed"):
             self._transport_lost()
 
-    def _on_rtcp(self, data: bytes) -> None:
-        now = self.now_ns()
-        for msg in self._parse_rtcp(data, now):
-            if isinstance(msg, rtcp.Nack):
-                output = self._output_for(msg.media_ssrc)
-                if output is None:
-                    continue
-                forwarder = self.stream.forwarders.get(output.kind)
-                if forwarder is None:
-                    continue
-                for packet in forwarder.retransmit(output, list(msg.lost), now):
-                    self._rtp(packet)
-            elif isinstance(msg, rtcp.KeyframeRequest):
-                for media_ssrc in msg.media_ssrcs:
-                    output = self._output_for(media_ssrc)
-                    if output is not None:
-                        self.stream.keyframe_requested(output, now)
-            elif isinstance(msg, (rtcp.ReceiverReportPacket, rtcp.SenderReportPacket)):
-                for block in msg.reports:
-                    output = self._output_for(block.ssrc)
-                    if output is not None:
-                        output.last_report = block
-                        self._receiver_report_in(output.kind, block)
-
-    def _receiver_report_in(self, kind: str, block: rtcp.ReportBlock) -> None:
-        self._notify("viewer_receiver_report",
-                     lambda o: o.viewer_receiver_report(self, kind, block))
-
-    def _output_for(self, ssrc: int) -> ViewerOutput | None:
-        for output in self.outputs.values():
-            if output.config.ssrc == ssrc:
-                return output
-        return None
-
-    def _rtp(self, data: bytes) -> None:
-        self._send(self._send_rtp, data)
-
-    def _rtcp_out(self, data: bytes) -> None:
-        self._send(self._send_rtcp, data)
-
-    def _send(self, send: Callable[[bytes], None] | None, data: bytes) -> None:
-        # Before the transport is up there is nowhere to send; a failing send is counted and
-        # costs only this packet.
-        if send is None:
-            return
-        try:
-            send(data)
-        except Exception:
-            self.counters.send_errors += 1
-
-    async def _rtcp_loop(self) -> None:
-        while not self.closed.is_set():
-            await asyncio.sleep(RTCP_INTERVAL_NS / 1e9 * (0.5 + random.random()))
-            for output in list(self.outputs.values()):
-                forwarder = self.stream.forwarders.get(output.kind)
-                if forwarder is None or not output.started:
-                    continue
-                report = forwarder.sender_report_for(output)
-                if output.sender_report_rewriter is not None:
-                    try:
-                        report = output.sender_report_rewriter(report)
-                    except Exception:
-                        log.exception("sender report rewriter failed")
-                        report = None
-                if report is None:
-                    continue
-                self._rtcp_out(
-                    rtcp.build_sr(output.config.ssrc, report)
-                    + rtcp.build_sdes_cname(output.config.ssrc, self.cname)
-                )
-
-    async def close(self, reason: str = ENDED_DELETED) -> None:
-        if self.closed.is_set():
-            return
-        self.closed.set()
-        self.state = "closed"
-        self.ended_reason = reason
-        for output in self.outputs.values():
-            output.transmit = None
-        await self._tasks.stop()
-        self.stream.viewer_closed(self)
-        self._notify("viewer_closed", lambda o: o.viewer_closed(self))
+    async def _release(self) -> None:
         await adapter.close_peer(self.pc)
-
-    def status(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "state": self.state,
-            "data_channel": self.accepts_data_channel,
-            "tracks": [
-                {
-                    "kind": o.kind,
-                    "ssrc": o.config.ssrc,
-                    "payload_type": o.config.payload_type,
-                    "started": o.started,
-                    "packets_sent": o.packets_sent,
-                    "nacks_received": o.nacks_received,
-                    "retransmitted": o.retransmitted,
-                    "plis_forwarded": o.keyframe_requests,
-                    "send_errors": o.send_errors,
-                    "fraction_lost": (
-                        o.last_report.fraction_lost / 256 if o.last_report is not None else None
-                    ),
-                }
-                for o in self.outputs.values()
-            ],
-        }

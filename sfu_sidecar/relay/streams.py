@@ -14,7 +14,7 @@ from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
 from sfu_sidecar.relay.hooks import KeyframeRequest
 from sfu_sidecar.relay.sdp import CodecInfo
-from sfu_sidecar.relay.session import PublisherSource, ViewerSession
+from sfu_sidecar.relay.session import PublisherSource, ViewerSink
 
 log = logs.get("relay.streams")
 
@@ -29,7 +29,7 @@ class Stream:
         # a stream itself goes when its last session does.
         self.ended: Counter[tuple[str, str]] = ended if ended is not None else Counter()
         self.publisher: PublisherSource | None = None
-        self.viewers: dict[str, ViewerSession] = {}
+        self.viewers: dict[str, ViewerSink] = {}
         self.forwarders: dict[str, TrackForwarder] = {}
         # The codec each kind is forwarded as: the last publisher's, else the first viewer's.
         self.codecs: dict[str, CodecInfo] = {}
@@ -68,17 +68,17 @@ class Stream:
             self._request_keyframe = None
         self._maybe_empty()
 
-    def viewer_added(self, session: ViewerSession) -> None:
+    def viewer_added(self, session: ViewerSink) -> None:
         self.viewers[session.id] = session
 
-    def viewer_connected(self, session: ViewerSession) -> None:
+    def viewer_connected(self, session: ViewerSink) -> None:
         for kind, output in session.outputs.items():
             fw = self.forwarders.get(kind)
             codec = self.codecs.get(kind)
             if fw is not None and (codec is None or fw.codec == codec.name):
                 fw.add_output(output)
 
-    def viewer_closed(self, session: ViewerSession) -> None:
+    def viewer_closed(self, session: ViewerSink) -> None:
         self.ended["viewer", session.ended_reason or "unknown"] += 1
         self.viewers.pop(session.id, None)
         for kind, output in session.outputs.items():

@@ -75,7 +75,7 @@ class TapRequest:
     source: str | None
 
 
-def _int(value: Any, what: str, low: int, high: int) -> int:
+def check_int(value: Any, what: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise BadInput(f"{what} must be an integer")
     if not low <= value <= high:
@@ -83,7 +83,7 @@ def _int(value: Any, what: str, low: int, high: int) -> int:
     return value
 
 
-def _keys(item: dict[str, Any], allowed: tuple[str, ...], what: str) -> None:
+def check_keys(item: dict[str, Any], allowed: tuple[str, ...], what: str) -> None:
     unknown = sorted(set(item) - set(allowed))
     if unknown:
         raise BadInput(f"{what}: unknown field(s) {', '.join(unknown)}; "
@@ -94,7 +94,7 @@ def _media(item: Any, i: int) -> TapMedia:
     what = f"media[{i}]"
     if not isinstance(item, dict):
         raise BadInput(f"{what} must be an object")
-    _keys(item, ("kind", "codec", "payload_type", "clock_rate", "channels", "ssrc",
+    check_keys(item, ("kind", "codec", "payload_type", "clock_rate", "channels", "ssrc",
                  "parameters"), what)
     kind = item.get("kind")
     if kind not in FORWARDABLE:
@@ -106,17 +106,17 @@ def _media(item: Any, i: int) -> TapMedia:
     name = name.lower()
     # Dynamic payload types only: the static ones name codecs the relay does not forward, and
     # 64-95 would be taken for RTCP on a multiplexed port (RFC 5761 §4).
-    pt = _int(item.get("payload_type"), f"{what}.payload_type", 96, 127)
+    pt = check_int(item.get("payload_type"), f"{what}.payload_type", 96, 127)
     rate = CLOCK_RATES[name]
-    if "clock_rate" in item and _int(item["clock_rate"], f"{what}.clock_rate", 1,
+    if "clock_rate" in item and check_int(item["clock_rate"], f"{what}.clock_rate", 1,
                                      1_000_000) != rate:
         raise BadInput(f"{what}.clock_rate: {name} is clocked at {rate} Hz")
     channels = 2 if name == "opus" else None
-    if "channels" in item and _int(item["channels"], f"{what}.channels", 1, 8) != channels:
+    if "channels" in item and check_int(item["channels"], f"{what}.channels", 1, 8) != channels:
         raise BadInput(f"{what}.channels: {name} has {channels or 'no'} channels in RTP")
     ssrc = None
     if item.get("ssrc") is not None:
-        ssrc = _int(item["ssrc"], f"{what}.ssrc", 0, 0xFFFFFFFF)
+        ssrc = check_int(item["ssrc"], f"{what}.ssrc", 0, 0xFFFFFFFF)
     parameters: dict[str, object] = {}
     given = item.get("parameters", {})
     if not isinstance(given, dict):
@@ -124,7 +124,7 @@ def _media(item: Any, i: int) -> TapMedia:
     if given and name != "h264":
         raise BadInput(f"{what}.parameters: only h264 takes parameters")
     if name == "h264":
-        _keys(given, H264_PARAMETERS, f"{what}.parameters")
+        check_keys(given, H264_PARAMETERS, f"{what}.parameters")
         profile = given.get("profile-level-id", DEFAULT_H264_PROFILE)
         if not isinstance(profile, str) or re.fullmatch(r"[0-9A-Fa-f]{6}", profile) is None:
             raise BadInput(f"{what}.parameters.profile-level-id must be 6 hex digits")
@@ -143,7 +143,7 @@ def parse_tap_request(body: Any) -> TapRequest:
     """
     if not isinstance(body, dict):
         raise BadInput("body must be a JSON object")
-    _keys(body, ("stream", "media", "source"), "tap")
+    check_keys(body, ("stream", "media", "source"), "tap")
     stream = body.get("stream")
     if not isinstance(stream, str) or STREAM_NAME.fullmatch(stream) is None:
         raise BadInput("stream must be 1-128 characters of A-Z a-z 0-9 _ . ~ -")
@@ -195,10 +195,10 @@ def _payload_size(data: bytes) -> int:
     return size
 
 
-class _Endpoint(asyncio.DatagramProtocol):
+class UdpEndpoint(asyncio.DatagramProtocol):
     """One bound UDP socket of a tap; datagrams go to the tap with the socket they came on."""
 
-    def __init__(self, on_datagram: Callable[[_Endpoint, bytes, Address], None]) -> None:
+    def __init__(self, on_datagram: Callable[[UdpEndpoint, bytes, Address], None]) -> None:
         self.on_datagram = on_datagram
         self.transport: asyncio.DatagramTransport | None = None
 
@@ -224,13 +224,13 @@ class _Endpoint(asyncio.DatagramProtocol):
 
 @dataclass
 class _MediaPorts:
-    rtp: _Endpoint
-    rtcp: _Endpoint
+    rtp: UdpEndpoint
+    rtcp: UdpEndpoint
     # Where the sender's RTCP came from, and the socket to answer it on.
-    feedback: tuple[_Endpoint, Address] | None = None
+    feedback: tuple[UdpEndpoint, Address] | None = None
     # The latest RTCP source from a host that had sent no media yet (a sender announces its
     # feedback port before its first packet): it becomes ``feedback`` once that host has.
-    pending: tuple[_Endpoint, Address, str] | None = None
+    pending: tuple[UdpEndpoint, Address, str] | None = None
 
 
 class TapSession(PublisherSource):
@@ -283,16 +283,16 @@ class TapSession(PublisherSource):
                            for m, p in zip(self.request.media, self.media_ports, strict=True)),
                  self.host)
 
-    async def _bind(self, index: int, port: int) -> _Endpoint:
+    async def _bind(self, index: int, port: int) -> UdpEndpoint:
         loop = asyncio.get_running_loop()
-        endpoint = _Endpoint(lambda ep, data, addr: self._datagram(index, ep, data, addr))
+        endpoint = UdpEndpoint(lambda ep, data, addr: self._datagram(index, ep, data, addr))
         transport, _ = await loop.create_datagram_endpoint(
             lambda: endpoint, local_addr=(self.host, port))
         # Set here too: event loops differ in whether connection_made has run by now.
         endpoint.transport = transport
         return endpoint
 
-    async def _bind_pair(self, index: int) -> tuple[_Endpoint, _Endpoint]:
+    async def _bind_pair(self, index: int) -> tuple[UdpEndpoint, UdpEndpoint]:
         """An RTP and an RTCP socket: RTP on an even port and RTCP on the next when possible
         (senders that are given one port send RTCP to the next, RFC 3550 §11), any two free
         ports otherwise."""
@@ -316,7 +316,7 @@ class TapSession(PublisherSource):
                 raise
         return await self._bind_in_range(index, ports)
 
-    async def _bind_in_range(self, index: int, ports: PortRange) -> tuple[_Endpoint, _Endpoint]:
+    async def _bind_in_range(self, index: int, ports: PortRange) -> tuple[UdpEndpoint, UdpEndpoint]:
         span = ports.high - ports.low + 1
         start = random.randrange(span)
         order = [ports.low + (start + i) % span for i in range(span)]
@@ -333,7 +333,7 @@ class TapSession(PublisherSource):
                 return rtp, await self._bind(index, port + 1)
             except OSError:
                 rtp.close()
-        bound: list[_Endpoint] = []
+        bound: list[UdpEndpoint] = []
         for port in order:
             try:
                 bound.append(await self._bind(index, port))
@@ -348,7 +348,7 @@ class TapSession(PublisherSource):
 
     # --- packets --------------------------------------------------------------------------
 
-    def _datagram(self, index: int, endpoint: _Endpoint, data: bytes, addr: Address) -> None:
+    def _datagram(self, index: int, endpoint: UdpEndpoint, data: bytes, addr: Address) -> None:
         if self.closed.is_set():
             return
         host = str(addr[0])
@@ -377,7 +377,7 @@ class TapSession(PublisherSource):
                 self.state = "receiving"
                 self._notify("publisher_connected", lambda o: o.publisher_connected(self))
 
-    def _rtcp_in(self, ports: _MediaPorts, endpoint: _Endpoint, data: bytes,
+    def _rtcp_in(self, ports: _MediaPorts, endpoint: UdpEndpoint, data: bytes,
                  addr: Address, host: str) -> None:
         if endpoint is ports.rtcp and is_keepalive(data):
             pass  # not RTCP, but it names the sender's feedback address all the same
@@ -391,7 +391,7 @@ class TapSession(PublisherSource):
         else:
             ports.pending = (endpoint, addr, host)
 
-    def _feedback_address(self, ports: _MediaPorts) -> tuple[_Endpoint, Address] | None:
+    def _feedback_address(self, ports: _MediaPorts) -> tuple[UdpEndpoint, Address] | None:
         if ports.pending is not None and ports.pending[2] in self._media_hosts:
             ports.feedback = ports.pending[:2]
             ports.pending = None

@@ -1,15 +1,17 @@
-"""An in-process relay on a loopback port, built by the app factory with only the relay in it."""
+"""An in-process relay on a loopback port, built by the app factory with only the relay in it;
+and the whole application on one (``app_base``)."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 import pytest
 from aiohttp.test_utils import TestServer
 
-from sfu_sidecar.app import Components, build_app
+from sfu_sidecar.app import SERVICES_KEY, Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay import RelayService
@@ -52,3 +54,19 @@ async def relay(relay_factory: Callable[..., object]) -> Relay:
     made = await relay_factory()  # type: ignore[operator]
     assert isinstance(made, Relay)
     return made
+
+
+@pytest.fixture
+async def app_base(tmp_path: Path) -> AsyncIterator[tuple[str, RelayService]]:
+    """The whole application (relay, sync, captions, probe) on a loopback port."""
+    settings = load_settings({"ice_addresses": "127.0.0.1", "host": "127.0.0.1",
+                              "data_dir": str(tmp_path)})
+    app = build_app(settings)
+    relay = app[SERVICES_KEY].components.relay
+    assert relay is not None
+    server = TestServer(app, host="127.0.0.1")
+    await server.start_server()
+    try:
+        yield f"http://127.0.0.1:{server.port}", relay
+    finally:
+        await server.close()

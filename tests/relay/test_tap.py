@@ -12,17 +12,14 @@ import socket
 import struct
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from aiohttp.test_utils import TestServer
 
-from sfu_sidecar.app import SERVICES_KEY, build_app
-from sfu_sidecar.config import load_settings
 from sfu_sidecar.relay import RelayService, rtcp
 from sfu_sidecar.relay.tap import TapSession, is_rtcp, parse_tap_request
 from sfu_sidecar.sync.wire import PublisherState, Source
@@ -41,22 +38,6 @@ async def create_tap(http: aiohttp.ClientSession, base: str, body: Any,
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with http.post(f"{base}/api/taps", json=body, headers=headers) as resp:
         return resp.status, await resp.json()
-
-
-@pytest.fixture
-async def app_base(tmp_path: Path) -> AsyncIterator[tuple[str, RelayService]]:
-    """The whole application (relay, sync, captions, probe) on a loopback port."""
-    settings = load_settings({"ice_addresses": "127.0.0.1", "host": "127.0.0.1",
-                              "data_dir": str(tmp_path)})
-    app = build_app(settings)
-    relay = app[SERVICES_KEY].components.relay
-    assert relay is not None
-    server = TestServer(app, host="127.0.0.1")
-    await server.start_server()
-    try:
-        yield f"http://127.0.0.1:{server.port}", relay
-    finally:
-        await server.close()
 
 
 @contextmanager

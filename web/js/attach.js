@@ -212,6 +212,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
         const resp = await fetch(url, { headers, cache: "no-store" });
         if (!resp.ok) throw new Error(`caption feed ${resp.status}`);
         const text = await resp.text();
+        if (stopped) return; // detached while the request was out: leave the track alone
         const doc = JSON.parse(text);
         // JSON.parse rounds an epoch in ns (past 2^53) to a few hundred ns; the text is exact.
         const epoch = /"epoch_ns"\s*:\s*(\d+)/.exec(text);
