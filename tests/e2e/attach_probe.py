@@ -28,8 +28,10 @@ from tests.e2e.sync_viewer_probe import Service
 
 CUE_S = 0.4
 GAP_S = 0.25
-CUES_BEFORE = 6  # ingested before attach(): loaded from the feed
-CUES_AFTER = 6  # ingested while the page watches: followed live
+CUES = 20  # enough for a 95th percentile that is not simply the worst cue
+CUES_BEFORE = CUES // 2  # ingested before attach(): loaded from the feed; the rest while the
+# page watches: followed live
+FRAME_S = 1 / 30  # the synthetic publisher's frame interval
 LEAD_S = 5.0  # first cue starts this far after now: the page connects meanwhile, even when slow
 
 PAGE_HTML = """<!doctype html>
@@ -111,11 +113,16 @@ async def post_cues(port: int, cues: list[dict[str, Any]]) -> int:
         return resp.status
 
 
-def make_cues(first_ns: int, count: int, prefix: str) -> list[dict[str, Any]]:
-    step = round((CUE_S + GAP_S) * 1e9)
-    return [{"id": f"{prefix}{i}", "start": first_ns + i * step,
-             "end": first_ns + i * step + round(CUE_S * 1e9), "text": f"cue {prefix}{i}"}
-            for i in range(count)]
+def make_cues(first_ns: int, start: int, count: int, prefix: str) -> list[dict[str, Any]]:
+    """Cues ``start`` to ``start + count - 1`` of the probe. Each starts a further 1/CUES of a
+    frame interval later against the frame grid, so the starts fall at every phase of it."""
+    step = CUE_S + GAP_S
+    cues = []
+    for i in range(start, start + count):
+        begin = first_ns + round((i * step + i * FRAME_S / CUES) * 1e9)
+        cues.append({"id": f"{prefix}{i}", "start": begin, "end": begin + round(CUE_S * 1e9),
+                     "text": f"cue {prefix}{i}"})
+    return cues
 
 
 def main() -> None:
@@ -149,8 +156,8 @@ def main() -> None:
             # Cue times are taken now, once the browser is ours (another user of the lock may
             # have kept us waiting).
             first = time.time_ns() + round(LEAD_S * 1e9)
-            before = make_cues(first, CUES_BEFORE, "a")
-            after = make_cues(first + CUES_BEFORE * round((CUE_S + GAP_S) * 1e9), CUES_AFTER, "b")
+            before = make_cues(first, 0, CUES_BEFORE, "a")
+            after = make_cues(first, CUES_BEFORE, CUES - CUES_BEFORE, "b")
             result["ingest"] = [run(post_cues(service.port, before))]
             result["start"] = page.evaluate("(abs) => window.startProbe(abs)", not args.no_abs)
             page.wait_for_function("() => window.probe.frames.length >= 5", timeout=30000)
