@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from sfu_sidecar.ntptime import unix_ns_to_ntp
 from sfu_sidecar.relay.hooks import (
     ABS_CAPTURE_TIME,
     ABS_SEND_TIME,
@@ -462,5 +463,18 @@ class TrackForwarder:
         rtp = (sr.rtp_timestamp + self._ts_delta + output.ts_offset) & 0xFFFFFFFF
         return SenderReport(
             sr.ntp_timestamp, rtp, output.packets_sent & 0xFFFFFFFF,
+            output.octets_sent & 0xFFFFFFFF,
+        )
+
+    def latest_report_for(self, output: ViewerOutput) -> SenderReport | None:
+        """An SR pairing the newest packet's RTP time (in this viewer's time) with the house
+        time it arrived; for receivers that must get SRs though the publisher sends none (an
+        observer's rewriter replaces the NTP field with capture time)."""
+        if not output.started or self._last_seq is None:
+            return None
+        return SenderReport(
+            unix_ns_to_ntp(self._last_arrival_ns),
+            (self._last_ts + output.ts_offset) & 0xFFFFFFFF,
+            output.packets_sent & 0xFFFFFFFF,
             output.octets_sent & 0xFFFFFFFF,
         )

@@ -3,7 +3,7 @@
 ``POST /whip/{stream}`` / ``POST /whep/{stream}`` create a session resource
 (``/whip/{stream}/{session}``) that takes ``PATCH`` (trickle ICE) and ``DELETE``.
 ``POST /api/taps`` creates a plain-RTP tap (``/api/taps/{tap}``) that takes ``GET`` and
-``DELETE``.
+``DELETE``; ``POST /api/feeds`` a plain-RTP feed (``/api/feeds/{feed}``), the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from sfu_sidecar.httpapi import (
 )
 from sfu_sidecar.limits import ClientSessions, client_key
 from sfu_sidecar.relay import sdp as sdpmod
+from sfu_sidecar.relay.feed import FeedSession, parse_feed_request
 from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
@@ -36,6 +37,7 @@ TRICKLE = "application/trickle-ice-sdpfrag"
 STREAM_PATTERN = r"{stream:[A-Za-z0-9_.~-]{1,128}}"
 SESSION_PATTERN = r"{session:[0-9a-f]{32}}"
 TAP_PATTERN = r"{tap:[0-9a-f]{32}}"
+FEED_PATTERN = r"{feed:[0-9a-f]{32}}"
 
 Session = PublisherSession | ViewerSession
 # Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
@@ -76,6 +78,11 @@ class RelayRoutes:
         r.add_get(f"/api/taps/{TAP_PATTERN}", self.get_tap)
         r.add_delete(f"/api/taps/{TAP_PATTERN}", self.delete_tap)
         r.add_route("*", "/api/taps/{tap}", self.unknown)
+        r.add_post("/api/feeds", self.create_feed)
+        r.add_get("/api/feeds", self.list_feeds)
+        r.add_get(f"/api/feeds/{FEED_PATTERN}", self.get_feed)
+        r.add_delete(f"/api/feeds/{FEED_PATTERN}", self.delete_feed)
+        r.add_route("*", "/api/feeds/{feed}", self.unknown)
         r.add_get("/api/streams", self.list_streams)
         r.add_get(f"/api/streams/{STREAM_PATTERN}", self.get_stream)
 
@@ -274,6 +281,51 @@ class RelayRoutes:
         tap = self._tap(request)
         await tap.close()
         return json_ok({"id": tap.id, "state": tap.state, "ended": tap.ended_reason})
+
+    # --- RTP feeds ------------------------------------------------------------------------
+
+    async def create_feed(self, request: web.Request) -> web.Response:
+        # Sending media to an address of the caller's choosing is publishing's privilege, not
+        # viewing's: whoever may do it can point a stream's bitrate at any host.
+        require_publish(request, self.settings, "feeding")
+        client = client_key(request.remote)
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BadInput("body is not JSON") from None
+        feed_request = parse_feed_request(data)
+        # A feed is a viewer of its stream: the viewer limits apply to it.
+        self._check_limits(feed_request.stream, client, publishing=False)
+        self.clients.reserve(client)
+        try:
+            feed = await self.service.feed(feed_request)
+        except BaseException:
+            self.clients.release(client)
+            raise
+        self.clients.bind(client, feed.id, lambda: not feed.closed.is_set())
+        location = f"/api/feeds/{feed.id}"
+        return json_ok({**feed.description(), "location": location}, status=201,
+                       headers={"Location": location})
+
+    def _feed(self, request: web.Request) -> FeedSession:
+        feed = self.service.find_feed(request.match_info["feed"])
+        if feed is None:
+            raise NotFound(f"no feed {request.match_info['feed']}")
+        return feed
+
+    async def list_feeds(self, request: web.Request) -> web.Response:
+        return json_ok({"feeds": [f.status() for f in self.service.feeds()]})
+
+    async def get_feed(self, request: web.Request) -> web.Response:
+        return json_ok(self._feed(request).status())
+
+    async def delete_feed(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "feeding")
+        feed = self._feed(request)
+        await feed.close()
+        return json_ok({"id": feed.id, "state": feed.state, "ended": feed.ended_reason})
 
     async def list_streams(self, request: web.Request) -> web.Response:
         return json_ok({"streams": [s.status() for s in self.service.streams.by_name.values()]})

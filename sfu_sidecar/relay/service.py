@@ -11,9 +11,11 @@ from prometheus_client.registry import Collector
 
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
+from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.limits import CpuMonitor, MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.session import (
     ENDED_REFUSED,
@@ -65,7 +67,7 @@ class RelayService:
         self.header_extensions = tuple(header_extensions)
         self.observers: list[RelayObserver] = list(observers)
         self.streams = Streams()
-        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0}
+        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0, "feeds": 0}
         self.channel_limiter = MessageLimiter(
             "data_channel", settings.channel_messages_per_s, metrics.messages_dropped, log
         )
@@ -127,6 +129,32 @@ class RelayService:
 
     def find_tap(self, tap_id: str) -> TapSession | None:
         return next((t for t in self.taps() if t.id == tap_id), None)
+
+    async def feed(self, request: FeedRequest) -> FeedSession:
+        """Plain RTP of ``request.stream`` to a receiver (``relay/feed.py``), a viewer of it."""
+        stream = self.streams.by_name.get(request.stream)
+        if stream is None:
+            raise NotFound(f"no stream {request.stream}; a feed sends a stream that exists "
+                           "(publish it, or create a tap, first)")
+        missing = [m.kind for m in request.media if m.kind not in stream.codecs]
+        if missing:
+            raise Conflict(f"stream {request.stream} has no {' or '.join(missing)} track")
+        session = FeedSession(stream, self.settings, self.now_ns, self.observers, request)
+        stream.viewer_added(session)
+        try:
+            await session.open(dict(stream.codecs))
+        except BaseException:
+            await session.close(ENDED_REFUSED)
+            raise
+        self._accepted["feeds"] += 1
+        return session
+
+    def feeds(self) -> list[FeedSession]:
+        return [v for s in self.streams.by_name.values() for v in s.viewers.values()
+                if isinstance(v, FeedSession)]
+
+    def find_feed(self, feed_id: str) -> FeedSession | None:
+        return next((f for f in self.feeds() if f.id == feed_id), None)
 
     async def view(self, name: str, offer: str) -> ViewerSession:
         stream = self.streams.get_or_create(name)
@@ -197,6 +225,11 @@ class _RelayCollector(Collector):
             "taps) from a source address or SSRC the tap does not accept, or too large",
             labels=["stream", "reason"],
         )
+        feed_bad = CounterMetricFamily(
+            f"{NAMESPACE}_relay_feed_bad_packets",
+            "datagrams RTP feeds dropped: from a host other than the receiver, not RTCP, "
+            "or unparsable RTCP", labels=["stream", "reason"],
+        )
         sessions = CounterMetricFamily(
             f"{NAMESPACE}_relay_sessions", "sessions accepted", labels=["role"]
         )
@@ -218,6 +251,14 @@ class _RelayCollector(Collector):
                 bad.add_metric([stream.name, "payload_type"], c.unknown_payload)
                 bad.add_metric([stream.name, "source"], c.foreign_packets)
                 bad.add_metric([stream.name, "size"], c.oversize_packets)
+            feeds = [v for v in stream.viewers.values() if isinstance(v, FeedSession)]
+            if feeds:
+                for reason, count in (
+                    ("source", sum(f.counters.foreign_packets for f in feeds)),
+                    ("not_rtcp", sum(f.counters.parse_errors for f in feeds)),
+                    ("rtcp", sum(f.counters.rtcp_errors for f in feeds)),
+                ):
+                    feed_bad.add_metric([stream.name, reason], count)
             for kind, fw in stream.forwarders.items():
                 packets_in.add_metric([stream.name, kind], fw.packets_in)
                 packets_out.add_metric([stream.name, kind], fw.packets_sent())
@@ -227,6 +268,7 @@ class _RelayCollector(Collector):
         sessions.add_metric(["publisher"], s._accepted["publishers"])
         sessions.add_metric(["viewer"], s._accepted["viewers"])
         sessions.add_metric(["tap"], s._accepted["taps"])
+        sessions.add_metric(["feed"], s._accepted["feeds"])
         cpu = GaugeMetricFamily(
             f"{NAMESPACE}_relay_cpu_percent",
             "share of one core this process used, smoothed over 2 s (new viewers are refused "
@@ -235,5 +277,5 @@ class _RelayCollector(Collector):
         percent = s.cpu.percent()
         if percent is not None:
             cpu.add_metric([], percent)
-        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, sessions,
-                    ended, cpu)
+        yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, feed_bad,
+                    sessions, ended, cpu)
