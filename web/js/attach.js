@@ -9,8 +9,8 @@
 //      (captureTimestamp, ms since the NTP epoch) when the connection negotiated the header
 //      extension and the SFU forwards it. Publishers joined to the house clock stamp house time.
 //   2. rVFC captureTime: requestVideoFrameCallback metadata on the page's performance clock,
-//      which Chromium estimates for remote frames from RTCP sender reports; moved to house
-//      time through the clock join.
+//      which a browser may estimate for remote frames from RTCP sender reports (Chromium 156
+//      gave none on the sidecar's connections); moved to house time through the clock join.
 //   3. arrival: the frame's receive time (or its presentation time) on the house clock, an
 //      estimate late by the publisher's encode and the network path.
 // The source in use and, below the first, the reason are in `stats`.
@@ -63,6 +63,7 @@ export class CaptureLog {
   constructor(size = 64) {
     this.size = size;
     this.samples = []; // {rtp, captureNs (BigInt house ns)}
+    this.lastOffsetMs = null; // senderCaptureTimeOffset of the latest sample, when sent
   }
 
   // Adds Chromium's synchronization sources (an array); returns true if any carried a capture time.
@@ -72,6 +73,7 @@ export class CaptureLog {
       if (s.captureTimestamp === undefined || s.captureTimestamp === null
           || s.rtpTimestamp === undefined) continue;
       any = true;
+      this.lastOffsetMs = s.senderCaptureTimeOffset ?? null;
       if (this.samples.some((x) => x.rtp === s.rtpTimestamp)) continue;
       const captureNs = absCaptureNs(s);
       const expected = this.captureOf(s.rtpTimestamp);
@@ -154,6 +156,12 @@ function wsUrl(base, path) {
   return url.href;
 }
 
+// attach({video, receiver, sidecarUrl, stream, lang, token}) -> {stats, track, book, detach}
+//   video: the <video> playing the stream; receiver: the RTCRtpReceiver of its video track
+//   (without one, frames are placed by arrival); sidecarUrl: the service's base URL (default:
+//   the page's); token: sent as Bearer on caption requests, only when given.
+// `stats` is live (read it any time); `track` is the TextTrack the cues are on; `detach()`
+// stops everything and takes the cues off.
 export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token, pollMs = POLL_MS,
   label = "captions" } = {}) {
   if (!video || typeof video.requestVideoFrameCallback !== "function") {
@@ -187,6 +195,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     epochNs: null,
     cuesLoaded: 0, cuesShown: 0, replacements: 0,
     lastCaptureNs: null, lastStreamS: null, lastMediaTime: null, relationS: null,
+    senderCaptureTimeOffsetMs: null, // shown, not applied: see absCaptureNs
     captionErrorMs: null,
   };
 
@@ -320,6 +329,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     stats.fallbackReason = found.reason;
     stats.lastCaptureNs = found.ns;
     stats.lastMediaTime = meta.mediaTime;
+    stats.senderCaptureTimeOffsetMs = captureLog.lastOffsetMs;
     let streamS = book.streamSeconds(found.ns);
     stats.lastStreamS = streamS;
     if (streamS === null) return; // no epoch yet: nothing to place against
