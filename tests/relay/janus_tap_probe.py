@@ -1,10 +1,13 @@
 """A Janus VideoRoom forwarding into an RTP tap, watched by a WHEP viewer.
 
-``python -m tests.relay.janus_tap_probe SECONDS`` runs, inside a network namespace of its own
-(``unshare -n``): Janus with the deployment image's configuration (deploy/janus/), the service
-in this process, an aiortc publisher that joins the VideoRoom over Janus's HTTP API, a tap that
-Janus ``rtp_forward``s the publisher's audio and video to, and an aiortc WHEP viewer that decodes
-the video for SECONDS. It prints one JSON line of figures.
+``python -m tests.relay.janus_tap_probe SECONDS [aiortc|chromium]`` runs, inside a network
+namespace of its own (``unshare -n``): Janus with the deployment image's configuration
+(deploy/janus/), the service in this process, an aiortc publisher that joins the VideoRoom over
+Janus's HTTP API, a tap that Janus ``rtp_forward``s the publisher's audio and video to, and a
+viewer for SECONDS: an aiortc WHEP viewer that decodes the video, or the product's viewer page
+in Chromium with captions posted on the house clock, recording every presented frame (its
+frame number read off the pixels, the capture time the page mapped it to, the caption shown).
+It prints one JSON line of figures.
 
 Janus gathers ICE candidates on no loopback interface, so the namespace gets a veth interface
 carrying 127.0.0.2 for Janus to use: every packet stays on 127.0.0.0/8, in a namespace that
@@ -32,6 +35,8 @@ from sfu_sidecar.app import SERVICES_KEY, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.relay import aiortc_adapter
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS
+from tests.e2e.sync_viewer_probe import RECORD_JS
 from tests.relay.peers import client_pc, view, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,6 +45,23 @@ JANUS_ADDRESS = "127.0.0.2"
 ROOM = 1234  # the room deploy/janus/janus.plugin.videoroom.jcfg creates
 VIDEO_PT, AUDIO_PT = 100, 111
 JANUS_HTTP_PORT = 18088  # the namespace is private: no other process can hold it
+CUE_EVERY_NS = 3_000_000_000  # one cue every 3 s, each 1.5 s long
+CUE_NS = 1_500_000_000
+
+# Chromium's receive statistics for the page's connection, per kind.
+STATS_JS = """
+async () => {
+  const out = {};
+  const stats = await window.sfuViewer.session.pc.getStats();
+  stats.forEach((s) => {
+    if (s.type === 'inbound-rtp') {
+      out[s.kind] = {received: s.packetsReceived, lost: s.packetsLost,
+                     decoded: s.framesDecoded ?? null};
+    }
+  });
+  return out;
+}
+"""
 
 
 def setup_namespace() -> None:
@@ -129,9 +151,43 @@ async def decode_for(track: Any, seconds: float) -> int:
     return count
 
 
+async def watch_in_chromium(base: str, seconds: float, result: dict[str, Any]) -> None:
+    """The product's viewer page on the tapped stream, captions posted on the house clock for
+    frames still to be captured, every presented frame recorded."""
+    import fcntl
+
+    from playwright.async_api import async_playwright
+
+    with BROWSER_LOCK.open("w") as lock:
+        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
+        async with async_playwright() as pw, aiohttp.ClientSession() as http:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = await browser.new_page()
+                await page.goto(f"{base}/?stream=janus")
+                await page.wait_for_function("() => window.sfuViewer !== undefined",
+                                             timeout=10000)
+                await page.evaluate(RECORD_JS)
+                # Cues for frames captured from 2 s on, every 3 s while the page watches.
+                first = time.time_ns() + 2 * 1_000_000_000
+                cues = [{"id": f"c{i}", "start": first + i * CUE_EVERY_NS,
+                         "end": first + i * CUE_EVERY_NS + CUE_NS, "text": f"cue {i}"}
+                        for i in range(int((seconds - 3) * 1e9 // CUE_EVERY_NS))]
+                async with http.post(f"{base}/api/streams/janus/captions", json={
+                        "timebase": "house_ns", "lang": "en", "cues": cues}) as resp:
+                    result["cue_status"] = resp.status
+                result["cues"] = cues
+                await asyncio.sleep(seconds)
+                result["frames"] = await page.evaluate("() => window.probeFrames")
+                result["page_stats"] = await page.evaluate("() => window.sfuViewer.stats")
+                result["rtp_stats"] = await page.evaluate(STATS_JS)
+            finally:
+                await browser.close()
+
+
 async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
-              result: dict[str, Any]) -> None:
-    settings = load_settings({"ice_addresses": "127.0.0.1", "host": "127.0.0.1",
+              result: dict[str, Any], viewer_kind: str = "aiortc") -> None:
+    settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "host": "127.0.0.1",
                               "data_dir": str(workdir / "data")})
     app = build_app(settings)
     relay = app[SERVICES_KEY].components.relay
@@ -152,8 +208,9 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
             publisher_id = (await api.event())["plugindata"]["data"]["id"]
 
             timeline = Timeline.starting_now(time.time_ns)
+            video_track = FlashVideoTrack(timeline)
             pc.addTransceiver(BeepAudioTrack(timeline), direction="sendonly")
-            pc.addTransceiver(FlashVideoTrack(timeline), direction="sendonly")
+            pc.addTransceiver(video_track, direction="sendonly")
             # The publisher's candidate on Janus's address too: libnice pairs none of its
             # candidates with a remote one on another 127.x address.
             aiortc_adapter.install_ice(pc, (JANUS_ADDRESS,), None)
@@ -187,12 +244,18 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
                 ]})
             result["rtp_forward"] = forwarded["plugindata"]["data"]
 
-            viewer = await view(http, base, "janus", kinds=("audio", "video"))
-            try:
-                await wait_for(lambda: "video" in viewer.tracks, 20, "the viewer's video track")
-                result["frames_decoded"] = await decode_for(viewer.tracks["video"], seconds)
-            finally:
-                await viewer.close()
+            if viewer_kind == "chromium":
+                await watch_in_chromium(base, seconds, result)
+                # The publisher's true capture instant of every frame number it drew.
+                result["capture_log"] = {str(n): ns for n, ns in video_track.capture_log.items()}
+            else:
+                viewer = await view(http, base, "janus", kinds=("audio", "video"))
+                try:
+                    await wait_for(lambda: "video" in viewer.tracks, 20,
+                                   "the viewer's video track")
+                    result["frames_decoded"] = await decode_for(viewer.tracks["video"], seconds)
+                finally:
+                    await viewer.close()
             session = relay.find_tap(tap["id"])
             assert session is not None
             result["tap"] = session.status()
@@ -208,6 +271,7 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
 
 def main() -> int:
     seconds = float(sys.argv[1])
+    viewer_kind = sys.argv[2] if len(sys.argv) > 2 else "aiortc"
     setup_namespace()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="janus-tap-") as tmp:
@@ -219,7 +283,7 @@ def main() -> int:
                 ["janus", f"--config={workdir / 'janus.jcfg'}", f"--configs-folder={workdir}"],
                 stdout=out, stderr=subprocess.STDOUT)
         try:
-            asyncio.run(run(seconds, workdir, janus, result))
+            asyncio.run(run(seconds, workdir, janus, result, viewer_kind))
         finally:
             janus.terminate()
             try:

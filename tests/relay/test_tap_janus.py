@@ -16,18 +16,21 @@ import pytest
 from tests.conftest import ROOT
 
 SECONDS = 10
+FRAME_NS = 33_333_333  # the publisher's 30 fps
 
 pytestmark = [pytest.mark.netns, pytest.mark.needs("janus"), pytest.mark.timeout(240)]
 
 
-def probe() -> dict[str, Any]:
+def probe(viewer: str = "aiortc", seconds: int = SECONDS) -> dict[str, Any]:
     proc = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.relay.janus_tap_probe", str(SECONDS)],
+        ["unshare", "-n", sys.executable, "-m", "tests.relay.janus_tap_probe", str(seconds),
+         viewer],
         cwd=ROOT, capture_output=True, text=True, timeout=200,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({k: v for k, v in result.items() if k != "rtp_forward"}))
+    print(json.dumps({k: v for k, v in result.items()
+                      if k not in ("rtp_forward", "frames", "capture_log", "cues")}))
     return result
 
 
@@ -51,4 +54,46 @@ def test_janus_videoroom_rtp_forward_feeds_a_tap_that_whep_viewers_watch() -> No
         assert tap[counter] == 0, (counter, tap)
     # Janus sends no sender reports on a forward: capture times come from arrival.
     assert {t["source"] for t in result["sync"]["tracks"].values()} == {"arrival"}
+    assert result["delete_status"] == 200
+
+
+@pytest.mark.browser
+def test_janus_forward_watched_in_chromium_shows_captions_on_their_frames() -> None:
+    """The product's viewer page on a tapped Janus stream for 30 s. Janus sends no sender
+    reports, so capture times are estimated from arrival; the publisher draws each frame's
+    number, whose true capture instant it logged. Every cue must show from the first presented
+    frame captured in its interval, within one frame interval of its start, and media must
+    arrive without loss."""
+    seconds = 30
+    result = probe("chromium", seconds)
+    frames = result["frames"]
+    truth = {int(n): ns for n, ns in result["capture_log"].items()}
+    assert len(frames) >= 20 * seconds, result["page_stats"]  # 30 fps, most presented
+    mapped = [f for f in frames if f["capture"] is not None and f["n"] in truth]
+    assert len(mapped) >= 0.95 * len(frames)
+    # Capture times come from arrival, and the status says they are estimates.
+    tracks = result["sync"]["tracks"].values()
+    assert {(t["source"], t["estimated"]) for t in tracks} == {("arrival", True)}
+    # The estimate is late by Janus's and the tap's delay, far less than a frame.
+    late = sorted(int(f["capture"]) - truth[f["n"]] for f in mapped)
+    assert 0 <= late[len(late) // 2] <= FRAME_NS / 2, late[len(late) // 2]
+    assert late[int(0.95 * (len(late) - 1))] <= FRAME_NS, late[-10:]
+    # Each cue shows on the page's frames mapped into its interval and on no others, and its
+    # first frame was truly captured within a frame interval of the cue's start.
+    assert result["cue_status"] in (200, 201)
+    errors = []
+    for cue in result["cues"]:
+        showing = [f for f in mapped if f["caption"] == cue["text"]]
+        inside = [f for f in mapped if cue["start"] <= int(f["capture"]) < cue["end"]]
+        assert showing == inside and len(showing) >= 30, (cue, len(showing), len(inside))
+        errors.append(abs(truth[showing[0]["n"]] - cue["start"]))
+    errors.sort()
+    print(f"caption error to true capture: {len(errors)} cues, "
+          f"max {errors[-1] / 1e6:.1f} ms; capture estimate late by "
+          f"median {late[len(late) // 2] / 1e6:.2f} ms")
+    assert len(errors) >= 8 and errors[int(0.95 * (len(errors) - 1))] <= FRAME_NS, errors
+    # Loopback all the way: nothing lost between publisher, Janus, the tap and the page.
+    rtp = result["rtp_stats"]
+    assert rtp["video"]["received"] > 0 and rtp["audio"]["received"] >= 40 * seconds, rtp
+    assert rtp["video"]["lost"] == 0 and rtp["audio"]["lost"] == 0, rtp
     assert result["delete_status"] == 200
