@@ -147,6 +147,7 @@ class FeedSession(ViewerSink):
         self._init_viewer()
         self.request = request
         self.endpoints: dict[str, UdpEndpoint] = {}
+        self.rtcp_received = 0  # RTCP compounds from the receiver (it may send none)
         self._rtcp_senders: dict[str, Callable[[bytes], None]] = {}
         ipv6 = ":" in request.host
         configured = settings.host or ""
@@ -236,6 +237,7 @@ class FeedSession(ViewerSink):
         if not is_rtcp(data):
             self.counters.parse_errors += 1  # a feed is sent nothing but RTCP
             return
+        self.rtcp_received += 1
         self._on_rtcp(data)
 
     # --- RTCP to the receiver -------------------------------------------------------------
@@ -287,6 +289,7 @@ class FeedSession(ViewerSink):
         status = super().status()
         status["viewer_kind"] = "rtp_feed"
         status["feed"] = self.description()
+        status["rtcp_received"] = self.rtcp_received
         status["rtcp_errors"] = self.counters.rtcp_errors
         status["not_rtcp"] = self.counters.parse_errors
         status["foreign_packets"] = self.counters.foreign_packets

@@ -345,6 +345,7 @@ async def test_feed_sends_rewritten_rtp_with_capture_time_reports_and_answers_fe
             assert video_status["fraction_lost"] == 0.25 and video_status["plis_forwarded"] == 1
             assert video_status["retransmitted"] == 1
             assert (shown["not_rtcp"], shown["rtcp_errors"], shown["foreign_packets"]) == (1, 1, 1)
+            assert shown["rtcp_received"] == 4  # PLI, NACK, RR and the torn one
             async with http.get(f"{base}/metrics") as resp:
                 metrics = await resp.text()
             assert ('sfu_sidecar_relay_feed_bad_packets_total{reason="source",stream="fed"} 1.0'
