@@ -13,8 +13,11 @@ Modules, pure cores first:
   viewer track, data channel, keyframe request), packets, sender reports
 * ``aiortc_adapter`` the only module touching aiortc/aioice internals (checked at start-up)
 * ``session`` aiortc glue for one publisher or viewer; ``streams`` streams by name
+* ``tap``     plain RTP from an SFU as a stream's publisher; ``feed`` a stream sent as plain
+  RTP to an SFU, as one more viewer
 * ``service`` :class:`RelayService`, the application component
-* ``routes``  its HTTP routes (WHIP, WHEP, /api/streams), registered by the application
+* ``routes``  its HTTP routes (WHIP, WHEP, taps, feeds, /api/streams), registered by the
+  application
 
 Wiring (``app.build_components``)::
 
