@@ -337,3 +337,66 @@ def test_ptp_lab_grandmaster_configuration_takes_the_grandmaster_role(tmp_path: 
     cmd = dict(dockerfile_instructions(PTP_DIR / "Dockerfile"))["CMD"]
     assert "-f /etc/linuxptp/grandmaster.conf" in cmd and "-S -4" in cmd
 
+
+
+@pytest.mark.needs("turnserver")
+def test_coturn_with_the_compose_command_line_relays_for_the_sidecars_turn_credentials(
+    tmp_path: Path,
+) -> None:
+    """coturn run with the compose file's own arguments (listening port moved to a free one,
+    the public address on loopback) grants a relay allocation to exactly the credentials the
+    sidecar hands its clients in ice_servers, on the public address and inside the published
+    relay range, and refuses a wrong password."""
+    import asyncio
+
+    from aioice import turn
+    from aioice.stun import TransactionFailed
+
+    env = {**SAMPLE_ENV, "PUBLIC_IP": "127.0.0.1"}
+    port = free_port()
+    command = [arg.replace("--listening-port=3478", f"--listening-port={port}")
+               for arg in compose_document(env)["services"]["coturn"]["command"]]
+    settings = load_settings(env=_sidecar_settings_env(env))
+    (server,) = [s for s in settings.ice_servers if s.url.startswith("turn:")]
+
+    async def allocate(password: str | None) -> tuple[str, int]:
+        transport, _ = await asyncio.wait_for(turn.create_turn_endpoint(
+            asyncio.DatagramProtocol, server_addr=("127.0.0.1", port),
+            username=server.username, password=password), 10)
+        try:
+            relayed: tuple[str, int] = transport.get_extra_info("sockname")
+            return relayed
+        finally:
+            transport.close()
+
+    async def first_allocation(proc: subprocess.Popen[bytes]) -> tuple[str, int]:
+        deadline = time.monotonic() + 20
+        while True:  # until coturn listens, at most 20 s
+            assert proc.poll() is None, (tmp_path / "turnserver.log").read_text()[-2000:]
+            try:
+                return await allocate(server.credential)
+            except (TimeoutError, ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.3)
+
+    log = (tmp_path / "turnserver.log").open("wb")
+    # -n (in the command): no configuration file; the log goes to the test's folder.
+    proc = subprocess.Popen(["turnserver", *command, "--log-file=stdout", "--simple-log"],
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        relayed = asyncio.run(first_allocation(proc))
+        published = [p for p in compose_document(env)["services"]["coturn"]["ports"]
+                     if p.endswith("/udp") and "-" in p]
+        low, high = port_span(published[0].split(":")[0])
+        assert relayed[0] == "127.0.0.1" and low <= relayed[1] <= high, relayed
+        with pytest.raises(TransactionFailed, match="401"):
+            asyncio.run(allocate("wrong-" + (server.credential or "")))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
