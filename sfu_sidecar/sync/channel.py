@@ -44,7 +44,6 @@ from sfu_sidecar.sync.wire import (
     ControlMessage,
     Epoch,
     PublisherState,
-    Source,
     SyncWireError,
     Telemetry,
     parse_message,
@@ -461,10 +460,7 @@ class SyncService(RelayObserver):
             cur = m.current
             tracks[kind] = {
                 "source": cur.source.name.lower() if cur is not None else None,
-                # Arrival is an estimate of capture by nature; the other sources are when the
-                # publisher's clock offset was estimated rather than joined.
-                "estimated": (cur.estimated or cur.source is Source.ARRIVAL)
-                if cur is not None else None,
+                "estimated": cur.estimated if cur is not None else None,
                 "drift_ppb": cur.drift_ppb if cur is not None else None,
                 "sender_reports_refused": m.sr_rejected,
                 "sender_reports_distrusted": m.sr_distrust,

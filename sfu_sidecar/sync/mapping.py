@@ -19,7 +19,8 @@ one it came from:
    frame's capture before its arrival and within a sane latency of it, stable over time. A
    track whose reports fail is marked and mapped from arrivals for the rest of its timeline.
 3. **arrival**: the house time the first packet of the frame arrived; the anchor line is the
-   lower envelope of arrivals (minimum delay), the least jittered guess there is.
+   lower envelope of arrivals (minimum delay), the least jittered guess there is, and flagged
+   estimated like every guess.
 
 The publisher's clock offset (house - publisher) is shared by all tracks of one publisher
 (:class:`PublisherClock`), which is what puts its audio and video on one timeline. It is
@@ -510,7 +511,8 @@ class TrackMapping:
             return Source.SENDER_REPORT, s_ext, s_ns + offset, drift, estimated
         if self._arrivals:
             lowest = min(d for _, d in self._arrivals)
-            return Source.ARRIVAL, ext, lowest + self._ticks_ns(ext), 0, False
+            # An arrival is an estimate of capture by nature: late by the path's delay.
+            return Source.ARRIVAL, ext, lowest + self._ticks_ns(ext), 0, True
         return None
 
     def _refresh(self, ext: int) -> None:
