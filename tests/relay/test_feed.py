@@ -371,3 +371,53 @@ async def test_feed_sends_rewritten_rtp_with_capture_time_reports_and_answers_fe
             await publisher.close()
             for s in sockets:
                 s.close()
+
+
+async def test_a_feed_of_a_stream_without_sender_reports_still_gets_them(
+    app_base: tuple[str, RelayService],
+) -> None:
+    """A tap whose sender sends no RTCP (capture times from arrival): the feed's receiver
+    still gets sender reports, tying its RTP time to when the media arrived."""
+    base, _ = app_base
+    receiver, sender = await bound(), await bound()
+    ssrc = 0x0BADCAFE
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{base}/api/taps", json={"stream": "nosr", "media": [
+                    {"kind": "audio", "codec": "opus", "payload_type": 111}]}) as resp:
+                tap = await resp.json()
+                assert resp.status == 201, tap
+            port = tap["media"][0]["rtp_port"]
+            status, feed = await create_feed(http, base, {
+                "stream": "nosr", "host": "127.0.0.1",
+                "media": [{"kind": "audio", "rtp_port": receiver.port}]})
+            assert status == 201, feed
+            sent_at: dict[bytes, int] = {}
+            start = time.monotonic()
+            for seq in range(200):  # 4 s of 20 ms packets, bounded
+                # Paced on a fixed schedule, so the packets go out at their RTP time's rate.
+                await asyncio.sleep(max(0.0, start + seq * 0.02 - time.monotonic()))
+                payload = b"\xfc" + seq.to_bytes(2, "big") + bytes(40)  # unique per packet
+                sent_at[payload] = time.time_ns()
+                sender.send(struct.pack("!BBHII", 0x80, 111, seq, seq * 960, ssrc) + payload,
+                            port)
+                if len(receiver.sender_reports()) >= 2:
+                    break
+            reports = receiver.sender_reports()
+            assert len(reports) >= 2, len(reports)
+            # The feed's RTP time -> when the test sent that packet.
+            fed = {p.timestamp: sent_at[p.payload] for p in receiver.rtp()
+                   if p.payload in sent_at}
+            for sr, _ in reports:
+                assert sr.ssrc == feed["media"][0]["ssrc"]
+                ts = min(fed, key=lambda t, r=sr.info.rtp_timestamp: abs(signed(t - r)))
+                expected = fed[ts] + signed(sr.info.rtp_timestamp - ts) * 1_000_000_000 // 48000
+                # Arrival-based capture times sit within a few ms of sending on loopback.
+                assert abs(ntp_to_unix_ns(sr.info.ntp_timestamp) - expected) < 50_000_000
+    finally:
+        receiver.close()
+        sender.close()
+
+
+def signed(value: int) -> int:
+    return ((value + 2**31) & MASK32) - 2**31
