@@ -30,7 +30,7 @@ from sfu_sidecar.relay.feed import FeedSession, parse_feed_request
 from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
-from sfu_sidecar.relay.tap import TapSession, parse_tap_request
+from sfu_sidecar.relay.tap import TapSession, parse_tap_request, tap_request_from_sdp
 
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"
@@ -245,13 +245,20 @@ class RelayRoutes:
         require_publish(request, self.settings, "tapping")
         client = client_key(request.remote)
         self._check_limits("", client, publishing=True)
-        require_content_type(request, "application/json")
-        body = await read_body(request, self.settings.max_body_bytes)
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise BadInput("body is not JSON") from None
-        tap_request = parse_tap_request(data)
+        ctype = require_content_type(request, "application/json", SDP)
+        if ctype == SDP:
+            # The SDP a plain-RTP sender writes; the stream (and a source) in the query.
+            text = (await self._sdp_body(request)).decode("utf-8", "replace")
+            tap_request = tap_request_from_sdp(
+                text, request.query.get("stream"), request.query.get("source"),
+                self.settings.max_sdp_lines)
+        else:
+            body = await read_body(request, self.settings.max_body_bytes)
+            try:
+                data = json.loads(body)
+            except (UnicodeDecodeError, ValueError, RecursionError):
+                raise BadInput("body is not JSON") from None
+            tap_request = parse_tap_request(data)
         self._check_limits("", client, publishing=True)
         self.clients.reserve(client)
         try:

@@ -171,6 +171,63 @@ def parse_tap_request(body: Any) -> TapRequest:
     return TapRequest(stream, media, source)
 
 
+_SDP_RTPMAP = re.compile(r"a=rtpmap:([0-9]{1,3}) ([^/\s]+)/([0-9]{1,9})(?:/([0-9]{1,2}))?")
+_SDP_FMTP = re.compile(r"a=fmtp:([0-9]{1,3}) (\S.*)")
+_SDP_SSRC = re.compile(r"a=ssrc:([0-9]{1,10})(?: .*)?")
+
+
+def tap_request_from_sdp(text: str, stream: str | None, source: str | None,
+                         max_lines: int) -> TapRequest:
+    """A tap described by the SDP a plain-RTP sender writes (``ffmpeg -sdp_file``, GStreamer,
+    an SFU's PlainTransport): per audio or video m-line, the first payload type whose codec
+    the relay forwards, with its ``a=fmtp`` parameters and ``a=ssrc`` when given. The ports
+    and addresses in it are the sender's view and are not used; the answer names the tap's.
+    The same checks as the JSON form apply to what is taken from it."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not lines or lines[0] != "v=0":
+        raise BadInput("body is not an SDP (must start with v=0)")
+    if len(lines) > max_lines:
+        raise BadInput(f"SDP has {len(lines)} lines; at most {max_lines} (setting max_sdp_lines)")
+    sections: list[list[str]] = []
+    for line in lines:
+        if line.startswith("m="):
+            sections.append([line])
+        elif sections:
+            sections[-1].append(line)
+    media: list[dict[str, Any]] = []
+    for index, section in enumerate(sections):
+        head = section[0][2:].split()
+        if len(head) < 4 or head[0] not in FORWARDABLE:
+            continue  # application and other m-lines carry nothing a tap receives
+        kind, formats = head[0], head[3:]
+        rtpmap = {m.group(1): m for m in map(_SDP_RTPMAP.fullmatch, section) if m is not None}
+        fmtp = {m.group(1): m.group(2) for m in map(_SDP_FMTP.fullmatch, section) if m is not None}
+        ssrcs = {m.group(1) for m in map(_SDP_SSRC.fullmatch, section) if m is not None}
+        chosen = next((pt for pt in formats if pt in rtpmap
+                       and rtpmap[pt].group(2).lower() in FORWARDABLE[kind]), None)
+        if chosen is None:
+            offered = ", ".join(rtpmap[pt].group(2) for pt in formats if pt in rtpmap) or "none"
+            raise BadInput(f"m-line {index} ({kind}) offers no codec the relay forwards "
+                           f"(offered: {offered}; forwarded: {', '.join(FORWARDABLE[kind])})")
+        m = rtpmap[chosen]
+        item: dict[str, Any] = {"kind": kind, "codec": m.group(2).lower(),
+                                "payload_type": int(chosen), "clock_rate": int(m.group(3))}
+        if m.group(4) is not None:
+            item["channels"] = int(m.group(4))
+        if len(ssrcs) == 1:
+            item["ssrc"] = int(ssrcs.pop())
+        if item["codec"] == "h264" and chosen in fmtp:
+            params = dict(p.strip().partition("=")[::2] for p in fmtp[chosen].split(";"))
+            item["parameters"] = {k: v for k, v in params.items() if k in H264_PARAMETERS}
+        media.append(item)
+    if stream is None:
+        raise BadInput("an SDP tap needs its stream in the query: /api/taps?stream=NAME")
+    body: dict[str, Any] = {"stream": stream, "media": media}
+    if source is not None:
+        body["source"] = source
+    return parse_tap_request(body)
+
+
 def is_rtcp(data: bytes) -> bool:
     """RTCP on a multiplexed port: packet types 192-223 sit where RTP's marker bit and
     payload type are (RFC 5761 §4)."""

@@ -490,3 +490,84 @@ def test_parse_tap_request_fills_in_codec_details() -> None:
         "opus", 48000, 2, 7)
     assert video.codec.forwardable and audio.codec.forwardable
     assert request.source == "127.0.0.1"  # compared with IPv4 senders' addresses as such
+
+
+def ffmpeg_av(seconds: float) -> list[str]:
+    """ffmpeg with a test picture and a tone, both ending after ``seconds``."""
+    return ["ffmpeg", "-nostdin", "-loglevel", "error", "-re",
+            "-t", str(seconds), "-f", "lavfi", "-i", "testsrc=size=320x240:rate=30",
+            "-t", str(seconds), "-f", "lavfi", "-i", "sine=frequency=440:sample_rate=48000"]
+
+
+def ffmpeg_av_outputs(video_port: int, audio_port: int, rtcp: dict[int, int]) -> list[str]:
+    def url(port: int) -> str:
+        extra = f"&rtcpport={rtcp[port]}" if port in rtcp else ""
+        return f"rtp://127.0.0.1:{port}?pkt_size=1200{extra}"
+
+    return ["-map", "0:v", "-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "8",
+            "-b:v", "600k", "-g", "30", "-payload_type", "97", "-f", "rtp", url(video_port),
+            "-map", "1:a", "-c:a", "libopus", "-payload_type", "111", "-f", "rtp",
+            url(audio_port)]
+
+
+@pytest.mark.needs("ffmpeg")
+async def test_a_tap_described_by_the_sdp_ffmpeg_writes(
+    app_base: tuple[str, RelayService], tmp_path: Path,
+) -> None:
+    """The SDP ffmpeg writes for its RTP outputs (``-sdp_file``) creates the tap as is: its
+    codecs and payload types, the stream named in the query; then ffmpeg's VP8 and Opus reach
+    a WHEP viewer through it."""
+    base, _ = app_base
+    sdp_file = tmp_path / "sender.sdp"
+    # A short run to nowhere (the discard port) only to have ffmpeg write its SDP.
+    dry = await asyncio.create_subprocess_exec(
+        *ffmpeg_av(0.2), *ffmpeg_av_outputs(9, 11, {}), "-sdp_file", str(sdp_file),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    await asyncio.wait_for(dry.wait(), 60)
+    sdp = sdp_file.read_text()
+    assert "a=rtpmap:97 VP8/90000" in sdp and "a=rtpmap:111 opus/48000/2" in sdp, sdp
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/api/taps?stream=ffsdp&source=127.0.0.1", data=sdp,
+                             headers={"Content-Type": "application/sdp"}) as resp:
+            tap = await resp.json()
+            assert resp.status == 201, tap
+        kinds = {m["kind"]: m for m in tap["media"]}
+        assert (kinds["video"]["codec"], kinds["video"]["payload_type"]) == ("vp8", 97)
+        assert (kinds["audio"]["codec"], kinds["audio"]["payload_type"]) == ("opus", 111)
+        video, audio = kinds["video"], kinds["audio"]
+        cmd = [*ffmpeg_av(40), *ffmpeg_av_outputs(
+            video["rtp_port"], audio["rtp_port"],
+            {video["rtp_port"]: video["rtcp_port"], audio["rtp_port"]: audio["rtcp_port"]})]
+        with running(cmd, tmp_path / "ffmpeg.log"):
+            viewer = await view(http, base, "ffsdp", kinds=("audio", "video"))
+            try:
+                await wait_for(lambda: {"audio", "video"} <= set(viewer.tracks), 20,
+                               "the viewer's tracks")
+                decoded = await decode_for(viewer.tracks["video"], 6)
+                assert len(decoded) >= 90, (len(decoded), (tmp_path / "ffmpeg.log").read_text())
+                sound = await decode_for(viewer.tracks["audio"], 2)
+                assert len(sound) >= 50  # 20 ms Opus frames
+            finally:
+                await viewer.close()
+
+
+@pytest.mark.parametrize(("query", "sdp", "reason"), [
+    ("stream=s", "m=video 9 RTP/AVP 97\r\n", "must start with v=0"),
+    ("", "v=0\r\nm=video 9 RTP/AVP 97\r\na=rtpmap:97 VP8/90000\r\n", "stream in the query"),
+    ("stream=s", "v=0\r\nm=video 9 RTP/AVP 34\r\na=rtpmap:34 H263/90000\r\n",
+     "offered: H263"),
+    ("stream=s", "v=0\r\nm=video 9 RTP/AVP 97\r\na=rtpmap:97 VP8/48000\r\n",
+     "vp8 is clocked at 90000 Hz"),
+    ("stream=s", "v=0\r\nm=audio 9 RTP/AVP 20\r\na=rtpmap:20 opus/48000/2\r\n",
+     "payload_type must be between 96 and 127"),
+    ("stream=s", "v=0\r\ns=-\r\n", "media must be a list"),
+])
+async def test_a_tap_sdp_that_cannot_be_served_is_refused_with_the_reason(
+    app_base: tuple[str, RelayService], query: str, sdp: str, reason: str,
+) -> None:
+    base, _ = app_base
+    async with aiohttp.ClientSession() as http, http.post(
+        f"{base}/api/taps?{query}", data=sdp, headers={"Content-Type": "application/sdp"},
+    ) as resp:
+        body = await resp.json()
+        assert resp.status == 400 and reason in body["error"], body
