@@ -11,7 +11,7 @@ from pathlib import Path
 
 from sfu_sidecar import __version__, logs
 from sfu_sidecar.config import Settings, flags_for_argparse, settings_from_namespace
-from sfu_sidecar.exceptions import ConfigError
+from sfu_sidecar.exceptions import ConfigError, StorageUnavailable
 
 
 def _add_settings(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +128,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as exc:
         print(f"sfu-sidecar: configuration error: {exc.reason}", file=sys.stderr)
         return 2
+    except StorageUnavailable as exc:
+        # Durable storage out of reach at start-up (the Redis server of redis_url): without it
+        # there is no state to serve; a supervisor's restart retries.
+        print(f"sfu-sidecar: cannot start: {exc.reason}", file=sys.stderr)
+        return 1
     except OSError as exc:
         # What the system refuses at start-up (an address in use or not local, a folder that
         # cannot be created): the reason, not a traceback. Logged with it at debug level.

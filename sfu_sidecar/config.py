@@ -137,6 +137,15 @@ def _parse_optional_str(raw: RawValue) -> str | None:
     return value or None
 
 
+def _parse_redis_url(raw: RawValue) -> str | None:
+    value = _as_str(raw).strip()
+    if not value:
+        return None
+    if not value.startswith(("redis://", "rediss://", "unix://")):
+        raise _Invalid("expected redis://HOST[:PORT][/DB], rediss://... or unix://PATH")
+    return value
+
+
 def _parse_path(raw: RawValue) -> Path:
     value = _as_str(raw)
     if not value:
@@ -438,6 +447,18 @@ class Settings:
     caption_playlist_chunks: int = _setting(
         15, _parse_int(3, 10000), "chunks listed in the live HLS subtitle playlist",
         metavar="N",
+    )
+    redis_url: str | None = _setting(
+        None, _parse_redis_url,
+        "Redis server for the caption store, redis://[:PASSWORD@]HOST[:PORT][/DB] (nodes on one "
+        "Redis share captions; the SQLite file in data_dir when unset)",
+        metavar="URL", secret=True,
+    )
+    redis_allow_unsafe_persistence: bool = _setting(
+        False, _parse_bool,
+        "start even when the Redis server would lose acknowledged cues on a crash (appendonly "
+        "not yes or appendfsync not always)",
+        metavar="BOOL",
     )
 
     def redacted(self) -> dict[str, str]:

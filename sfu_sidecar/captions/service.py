@@ -41,7 +41,13 @@ from sfu_sidecar.captions.model import (
     check_lang,
     check_stream,
 )
-from sfu_sidecar.captions.store import CueStore, SqliteCueStore, WriteBatch
+from sfu_sidecar.captions.store import (
+    Change,
+    CueStore,
+    EpochConflict,
+    SqliteCueStore,
+    WriteBatch,
+)
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound, Unprocessable
 from sfu_sidecar.metrics import Metrics
@@ -102,9 +108,7 @@ class CaptionService:
         self._chunk_requests = metrics.counter(
             "caption_chunk_requests", "Caption chunk requests by chunk state", ("state",)
         )
-        self.store: CueStore = store or SqliteCueStore(
-            settings.data_dir, on_commit=self._count_commit
-        )
+        self.store: CueStore = store or self._default_store(settings)
         self.events: CaptionEvents = events or LocalEvents()
         self._epochs: dict[str, int] = {}
         self._epochs_unsaved: dict[str, tuple[int, str]] = {}
@@ -126,7 +130,8 @@ class CaptionService:
             self._epochs[stream] = epoch
         for cue in snapshot.cues:
             self._apply(cue, publish=False)
-        self._seq = snapshot.max_seq
+        self._seq = max(self._seq, snapshot.max_seq)
+        self.store.follow(self._on_change)
         log.info(
             "caption store open: %d streams, %d cues", len(self._epochs), len(snapshot.cues)
         )
@@ -136,6 +141,18 @@ class CaptionService:
         await self._loops.stop()
         await self._writes.drain()
         await self.store.close()
+
+    def _default_store(self, settings: Settings) -> CueStore:
+        if settings.redis_url is not None:
+            # Imported only here: the redis package is an optional extra.
+            from sfu_sidecar.captions.redis_store import RedisCueStore
+
+            return RedisCueStore(
+                settings.redis_url,
+                allow_unsafe_persistence=settings.redis_allow_unsafe_persistence,
+                on_commit=self._count_commit,
+            )
+        return SqliteCueStore(settings.data_dir, on_commit=self._count_commit)
 
     def _count_commit(self, batches: int, _seconds: float) -> None:
         self._commits.inc()
@@ -158,8 +175,30 @@ class CaptionService:
         if existing is not None:
             return existing
         self._set_epoch(stream, house_ns, "media")
-        self._spawn(self._write(WriteBatch()))
+        self._spawn(self._save_epochs())
         return house_ns
+
+    async def _save_epochs(self) -> None:
+        # An epoch another node stored first has been adopted by _write: nothing to report.
+        with contextlib.suppress(EpochConflict):
+            await self._write(WriteBatch())
+
+    def _adopt_epoch(self, stream: str, epoch_ns: int) -> None:
+        """The epoch a shared store holds wins over one this node fixed and did not store."""
+        if self._epochs.get(stream) == epoch_ns:
+            return
+        self._epochs_unsaved.pop(stream, None)
+        self._epochs[stream] = epoch_ns
+        log.info("stream %s epoch %d (stored by another node)", stream, epoch_ns)
+        self.events.publish(Epoch(stream, epoch_ns))
+
+    def _on_change(self, change: Change) -> None:
+        """Apply what another node committed to the shared store, and tell live listeners
+        exactly as for a local write (the seq check drops what this node applied already)."""
+        for stream, epoch_ns in change.epochs.items():
+            self._adopt_epoch(stream, epoch_ns)
+        for cue in sorted(change.cues, key=lambda c: c.seq):
+            self._apply(cue, publish=True)
 
     def _set_epoch(self, stream: str, epoch_ns: int, source: str) -> None:
         self._epochs[stream] = epoch_ns
@@ -180,15 +219,20 @@ class CaptionService:
         with contextlib.suppress(RuntimeError):  # no running loop: the next write carries it
             self._writes.start("write", coro)
 
-    async def _write(self, batch: WriteBatch) -> None:
+    async def _write(self, batch: WriteBatch) -> list[StoredCue]:
         # Every write carries the epochs not yet on disk: a cue is never durable without the
         # epoch its times are relative to.
         unsaved = dict(self._epochs_unsaved)
         batch.epochs.extend((s, e, src) for s, (e, src) in unsaved.items())
-        await self.store.write(batch)
+        try:
+            stored = await self.store.write(batch)
+        except EpochConflict as exc:
+            self._adopt_epoch(exc.stream, exc.epoch_ns)
+            raise
         for stream, value in unsaved.items():
             if self._epochs_unsaved.get(stream) == value:
                 del self._epochs_unsaved[stream]
+        return stored
 
     def _latest(self, stream: str, lang: str, cue_id: str) -> StoredCue | None:
         pending = self._pending.get((stream, lang, cue_id))
@@ -202,6 +246,14 @@ class CaptionService:
 
     async def ingest(self, stream: str, batch: IngestBatch) -> list[IngestResult]:
         """Store a validated batch durably, then publish it. Idempotent per cue id."""
+        try:
+            return await self._ingest(stream, batch)
+        except EpochConflict:
+            # Another node sharing the store fixed this stream's epoch first; it is adopted
+            # now, so the times are converted again against it (once: it never moves again).
+            return await self._ingest(stream, batch)
+
+    async def _ingest(self, stream: str, batch: IngestBatch) -> list[IngestResult]:
         check_stream(stream)
         now = self._now_ns()
         cues = batch.cues
@@ -222,6 +274,8 @@ class CaptionService:
         epoch = self._epochs[stream]
         results: list[IngestResult] = []
         changes: list[StoredCue] = []
+        generated: set[str] = set()
+        changed_at: list[int] = []  # index in results of each change
         for i, cue in enumerate(cues):
             if batch.timebase == "house_ns":
                 start_ms = (cue.start - epoch + 500_000) // 1_000_000
@@ -241,6 +295,7 @@ class CaptionService:
             current = self._latest(stream, batch.lang, cue_id) if cue_id is not None else None
             if cue_id is None:
                 cue_id = f"{GENERATED_ID_PREFIX}{self._seq + 1}"
+                generated.add(cue_id)
             stored = StoredCue(
                 stream, batch.lang, cue_id, start_ms, end_ms, cue.text, cue.final, 0,
                 cue.settings,
@@ -255,8 +310,12 @@ class CaptionService:
             stored = _with_seq(stored, self._next_seq())
             changes.append(stored)
             kind = "updated" if current is not None and not current.deleted else "new"
+            changed_at.append(len(results))
             results.append(IngestResult(stored, kind))
-        await self._commit(changes)
+        committed = await self._commit(changes, generated)
+        # A shared store assigns the seqs (and generated ids) itself: answer what it stored.
+        for i, done in zip(changed_at, committed, strict=True):
+            results[i] = IngestResult(done, results[i].result)
         for r in results:
             self._cue_results.labels(r.result).inc()
         return results
@@ -279,13 +338,17 @@ class CaptionService:
         self._cue_results.labels("retracted").inc()
         return True
 
-    async def _commit(self, changes: list[StoredCue]) -> None:
+    async def _commit(
+        self, changes: list[StoredCue], generated: set[str] | None = None
+    ) -> list[StoredCue]:
         if not changes:
-            return
+            return []
         for cue in changes:
             self._pending[(cue.stream, cue.lang, cue.id)] = cue
         try:
-            await self._write(WriteBatch(cues=list(changes)))
+            stored = await self._write(
+                WriteBatch(cues=list(changes), generated_ids=set(generated or ()))
+            )
         finally:
             for cue in changes:
                 key = (cue.stream, cue.lang, cue.id)
@@ -293,10 +356,14 @@ class CaptionService:
                     del self._pending[key]
         # Futures resolve in commit order and resume their tasks in that order, so changes are
         # applied in seq order; the seq check keeps that true even if they were not.
-        for cue in changes:
+        for cue in stored:
             self._apply(cue, publish=True)
+        return stored
 
     def _apply(self, cue: StoredCue, *, publish: bool) -> None:
+        # Seqs a shared store assigned on other nodes move this node's counter too, so ids it
+        # generates never repeat one of theirs.
+        self._seq = max(self._seq, cue.seq)
         records = self._records.setdefault(cue.stream, {})
         old = records.get((cue.lang, cue.id))
         if old is not None and old.seq >= cue.seq:

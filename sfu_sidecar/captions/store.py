@@ -63,6 +63,11 @@ class WriteBatch:
     purge: list[tuple[str, int, int]] = field(default_factory=list)
 
 
+    # Ids of cues in ``cues`` that the service made up (GENERATED_ID_PREFIX): a shared store
+    # renames them after the seq it assigns, so two nodes never make the same id.
+    generated_ids: set[str] = field(default_factory=set)
+
+
 @dataclass(slots=True)
 class Snapshot:
     epochs: dict[str, tuple[int, str]]
@@ -70,13 +75,47 @@ class Snapshot:
     max_seq: int
 
 
+@dataclass(slots=True)
+class Change:
+    """What another node wrote to a shared store, in the store's commit order."""
+
+    epochs: dict[str, int]
+    cues: list[StoredCue]
+
+
+class EpochConflict(StorageUnavailable):
+    """Another node fixed the stream's epoch first; nothing of the batch was written.
+
+    The service adopts the stored epoch and converts an ingest batch again; anywhere else it
+    reaches a client as a 503 whose retry succeeds against the adopted epoch.
+    """
+
+    def __init__(self, stream: str, epoch_ns: int) -> None:
+        super().__init__(
+            f"stream {stream} got epoch {epoch_ns} from another node meanwhile; nothing was "
+            "stored; retry", retry_after="1",
+        )
+        self.stream = stream
+        self.epoch_ns = epoch_ns
+
+
 class CueStore(Protocol):
     """What the caption service needs from storage. A networked store can implement it."""
 
     async def open(self) -> Snapshot: ...
 
-    async def write(self, batch: WriteBatch) -> None:
-        """Return only once the batch is durable; raise if it is not."""
+    async def write(self, batch: WriteBatch) -> list[StoredCue]:
+        """Return only once the batch is durable; raise if it is not.
+
+        Returns the cues as stored: a shared store assigns their seqs (and generated ids)
+        itself, so every node sees one order. Raises :class:`EpochConflict` when the batch
+        carries an epoch other than the one already stored for its stream.
+        """
+        ...
+
+    def follow(self, on_change: Callable[[Change], None]) -> None:
+        """Call ``on_change`` with what other writers commit (a store only this process
+        writes never calls it)."""
         ...
 
     async def frozen_chunk(self, stream: str, lang: str, n: int) -> bytes | None: ...
@@ -142,11 +181,15 @@ class SqliteCueStore:
         self._read_conn = conn
         return Snapshot(epochs, cues, max(seq_row, max((c.seq for c in cues), default=0)))
 
-    async def write(self, batch: WriteBatch) -> None:
+    async def write(self, batch: WriteBatch) -> list[StoredCue]:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
         self._queue.put((batch, future))
         await future
+        return batch.cues
+
+    def follow(self, on_change: Callable[[Change], None]) -> None:
+        """Only this process writes the file: nothing to follow."""
 
     async def frozen_chunk(self, stream: str, lang: str, n: int) -> bytes | None:
         loop = asyncio.get_running_loop()
