@@ -43,7 +43,7 @@ TOOL_PACKAGES = {
     "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
     "promtool": "prometheus", "nsenter": "util-linux", "findmnt": "util-linux",
     "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs", "janus": "janus",
-    "turnserver": "coturn",
+    "turnserver": "coturn", "redis-server": "redis-server",
 }
 NOT_RUN = "NOT RUN: "
 

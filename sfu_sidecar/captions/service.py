@@ -49,7 +49,7 @@ from sfu_sidecar.captions.store import (
     WriteBatch,
 )
 from sfu_sidecar.config import Settings
-from sfu_sidecar.exceptions import BadInput, NotFound, Unprocessable
+from sfu_sidecar.exceptions import BadInput, ConfigError, NotFound, Unprocessable
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.tasks import Tasks
 
@@ -145,7 +145,13 @@ class CaptionService:
     def _default_store(self, settings: Settings) -> CueStore:
         if settings.redis_url is not None:
             # Imported only here: the redis package is an optional extra.
-            from sfu_sidecar.captions.redis_store import RedisCueStore
+            try:
+                from sfu_sidecar.captions.redis_store import RedisCueStore
+            except ImportError as exc:
+                raise ConfigError(
+                    f"redis_url is set but the redis package is missing ({exc}); install "
+                    "the extra: pip install 'sfu-sidecar[redis]'"
+                ) from None
 
             return RedisCueStore(
                 settings.redis_url,
