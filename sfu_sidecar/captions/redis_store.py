@@ -30,6 +30,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from sfu_sidecar import logs
@@ -155,7 +158,12 @@ class RedisCueStore:
         options: dict[str, Any] = {
             "decode_responses": True, "socket_timeout": SOCKET_TIMEOUT_S,
             "socket_connect_timeout": CONNECT_TIMEOUT_S,
-            "retry_on_timeout": False, "health_check_interval": 5,
+            "health_check_interval": 5,
+            # One retry on a fresh connection when the pooled one turns out dead (Redis was
+            # restarted while it sat idle); none on a timeout, which would double the wait of
+            # a producer that gets its 503 anyway. A script retried after its reply was lost
+            # writes the same content again under a new seq: harmless.
+            "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         }
         self._redis: aioredis.Redis = aioredis.Redis.from_url(url, **options)
         # XREAD BLOCK holds its connection: the reader gets its own client, whose read timeout
