@@ -310,13 +310,20 @@ class RedisCueStore:
                         await self._passed_to(_entry_id(entry_id))
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError, ValueError, KeyError) as exc:
+            except (RedisError, OSError) as exc:
                 if self.connected:
                     log.warning("caption store: lost Redis at %s: %s", self.where, exc)
-                self.connected = False
-                resync = True
-                await asyncio.sleep(RETRY_DELAYS_S[min(failures, len(RETRY_DELAYS_S) - 1)])
-                failures += 1
+            except Exception:
+                # A log entry this code cannot read, or a fault in applying it: the reader
+                # must outlive it, and a full reload (which skips past the entry) keeps this
+                # node's state complete.
+                log.exception("caption store: reading the Redis log failed; reloading")
+            else:
+                continue
+            self.connected = False
+            resync = True
+            await asyncio.sleep(RETRY_DELAYS_S[min(failures, len(RETRY_DELAYS_S) - 1)])
+            failures += 1
 
     async def _resync(self) -> None:
         """Everything stored, applied in seq order (what this node has is skipped by the

@@ -472,6 +472,9 @@ class CaptionService:
             if body is None:
                 body = chunks.render_chunk(track, n, self.chunk_ms, epoch)
                 await self._write(WriteBatch(chunks=[(stream, lang, n, body)]))
+                # Stored only if absent: on a store shared with other nodes one of them may
+                # have frozen this chunk first, and every node must serve the same bytes.
+                body = await self.store.frozen_chunk(stream, lang, n) or body
             self._frozen[key] = body
             if len(self._frozen) > FROZEN_CACHE_CHUNKS:
                 self._frozen.popitem(last=False)
