@@ -304,6 +304,34 @@ async def test_three_nodes_share_captions_survive_a_node_kill_and_a_redis_restar
             assert status == 200 and "hello from A" in chunk, chunk
             assert f"X-STREAM-EPOCH-NS={answer['epoch_ns']}" in chunk
 
+            # 1b. The first cues of a new stream posted at all three nodes at once: one epoch
+            # wins in Redis, and each node converts its house times against that one.
+            now = time.time_ns()
+            starts = {n.base: now + k * 700_000_000 for k, n in enumerate(nodes)}
+
+            async def first(node: Node) -> dict[str, Any]:
+                start = starts[node.base]
+                async with aiohttp.ClientSession() as http, http.post(
+                    f"{node.base}/api/streams/race/captions",
+                    json={"timebase": "house_ns", "lang": "en",
+                          "cues": [{"id": node.base[-5:], "start": start,
+                                    "end": start + 1_000_000_000, "text": "race"}]},
+                ) as resp:
+                    assert resp.status == 200, await resp.text()
+                    answer: dict[str, Any] = await resp.json()
+                    return answer
+
+            answers = await asyncio.gather(*(first(n) for n in nodes))
+            epoch = answers[0]["epoch_ns"]
+            assert {x["epoch_ns"] for x in answers} == {epoch}
+            assert epoch in starts.values()
+            for node in nodes:
+                stored, served = await feed(node.base, "race")
+                assert served == epoch
+                for n2 in nodes:
+                    want_ms = max(0, round((starts[n2.base] - epoch) / 1e6))
+                    assert round(stored[n2.base[-5:]]["start"] * 1000) == want_ms, stored
+
             # 2. B killed with SIGKILL mid-ingest: everything it acknowledged is served by A
             # and C, and by a new B.
             killed = Ledger()
