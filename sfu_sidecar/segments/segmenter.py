@@ -1,0 +1,182 @@
+"""One stream's live segments: frames in (with stream times), WebM init and media segments out.
+
+A segment opens on a video keyframe and closes at the first keyframe after it has lasted the
+target duration; when the target passes without one, the publisher is asked for a keyframe
+(``request_keyframe``, throttled by the relay). Audio frames join the open segment. Nothing is
+kept before the first keyframe, and a segment that grows past :data:`MAX_OPEN_BYTES` without a
+keyframe to close it is dropped (the next keyframe starts a new one), so memory per stream is
+bounded by the window plus one open segment.
+
+Stream time is capture time on the house clock minus the stream epoch, so a frame's pts in the
+container and a caption's time are on one timeline.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sfu_sidecar.segments.depacketize import Frame
+from sfu_sidecar.segments.mux import MuxError, Sample, TrackSpec, mux_webm
+
+__all__ = ["MAX_OPEN_BYTES", "Segment", "StreamSegmenter"]
+
+MAX_OPEN_BYTES = 32 * 1024 * 1024
+VIDEO, AUDIO = 0, 1
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A closed segment: immutable once made."""
+
+    number: int
+    start_us: int
+    duration_us: int
+    keyframe: bool
+    data: bytes
+
+
+@dataclass
+class _Open:
+    start_us: int
+    samples: list[Sample] = field(default_factory=list)
+    size: int = 0
+    asked_keyframe: bool = False
+
+
+class StreamSegmenter:
+    """Segments for one stream (VP8 video, optionally Opus audio, in WebM)."""
+
+    def __init__(
+        self,
+        stream: str,
+        *,
+        target_us: int,
+        window: int,
+        request_keyframe: Callable[[], Any],
+        log: logging.Logger,
+    ) -> None:
+        self.stream = stream
+        self.target_us = target_us
+        self.segments: deque[Segment] = deque(maxlen=window)
+        self.init: bytes | None = None
+        self.next_number = 0
+        self.video: TrackSpec | None = None
+        self.audio: TrackSpec | None = None
+        self.dropped = 0  # frames not muxed: out of order, before the epoch, oversize segment
+        self.mux_errors = 0
+        self._open: _Open | None = None
+        self._last_pts: dict[int, int] = {}
+        self._request_keyframe = request_keyframe
+        self._log = log
+
+    @property
+    def codecs(self) -> list[str]:
+        """RFC 6381 codec strings as WebM players take them."""
+        return [t.codec for t in (self.video, self.audio) if t is not None]
+
+    def add_audio_track(self, codec: str, sample_rate: int, channels: int) -> None:
+        if self.audio is None and self.init is None:
+            self.audio = TrackSpec("audio", codec, sample_rate=sample_rate, channels=channels)
+
+    def push(self, kind: str, frame: Frame, stream_us: int) -> None:
+        """One complete frame of ``kind`` at ``stream_us`` (its capture time in stream time)."""
+        track = VIDEO if kind == "video" else AUDIO
+        last = self._last_pts.get(track)
+        if stream_us < 0 or (last is not None and stream_us <= last):
+            # Muxers need rising timestamps per track; a frame captured before the epoch has
+            # no place on the stream timeline.
+            self.dropped += 1
+            return
+        if track == VIDEO:
+            self._video(frame, stream_us)
+        elif self._open is not None:
+            self._add(Sample(AUDIO, stream_us, frame.data, True))
+
+    def _video(self, frame: Frame, stream_us: int) -> None:
+        if self.video is None:
+            if not frame.keyframe or not frame.width:
+                self.dropped += 1
+                return
+            self.video = TrackSpec("video", "vp8", frame.width, frame.height)
+        current = self._open
+        if frame.keyframe and (current is None or stream_us - current.start_us >= self.target_us):
+            if current is not None:
+                self._close(current, stream_us)
+            self._open = current = _Open(stream_us)
+        if current is None:
+            self.dropped += 1
+            return
+        if (not current.asked_keyframe and not frame.keyframe
+                and stream_us - current.start_us >= self.target_us):
+            current.asked_keyframe = True
+            self._request_keyframe()
+        self._add(Sample(VIDEO, stream_us, frame.data, frame.keyframe))
+
+    def _add(self, sample: Sample) -> None:
+        current = self._open
+        assert current is not None
+        current.samples.append(sample)
+        current.size += len(sample.data)
+        self._last_pts[sample.track] = sample.pts_us
+        if current.size > MAX_OPEN_BYTES:
+            self._log.warning("stream %s: no keyframe for %d bytes, segment dropped",
+                              self.stream, current.size)
+            self.dropped += len(current.samples)
+            self._open = None
+
+    def _tracks(self) -> list[TrackSpec]:
+        assert self.video is not None
+        return [self.video] + ([self.audio] if self.audio is not None else [])
+
+    def _close(self, current: _Open, end_us: int) -> None:
+        samples = current.samples
+        if self.audio is None:
+            samples = [s for s in samples if s.track == VIDEO]
+        try:
+            header, body = mux_webm(self._tracks(), samples)
+        except MuxError as e:
+            self.mux_errors += 1
+            self._log.warning("stream %s: segment not muxed: %s", self.stream, e)
+            return
+        if self.init is None:
+            self.init = header
+        elif header != self.init:
+            # Same tracks, same header: anything else means the parameters changed, which a
+            # player holding the old init cannot follow; counted and logged, not served.
+            self.mux_errors += 1
+            self._log.warning("stream %s: segment header differs from the init segment",
+                              self.stream)
+            return
+        self.segments.append(Segment(
+            self.next_number, current.start_us, end_us - current.start_us, True, body,
+        ))
+        self.next_number += 1
+
+    def find(self, number: int) -> Segment | None:
+        for segment in self.segments:
+            if segment.number == number:
+                return segment
+        return None
+
+    def index(self) -> dict[str, Any]:
+        return {
+            "stream": self.stream,
+            "container": "webm",
+            "codecs": self.codecs,
+            "init": "init.webm" if self.init is not None else None,
+            "target_duration_s": self.target_us / 1e6,
+            "segments": [
+                {
+                    "number": s.number,
+                    "start_s": s.start_us / 1e6,
+                    "duration_s": s.duration_us / 1e6,
+                    "keyframe": s.keyframe,
+                    "url": f"{s.number}.webm",
+                }
+                for s in self.segments
+            ],
+        }

@@ -1,0 +1,160 @@
+"""The segmenter and WebM muxer on real VP8 and Opus bitstreams (from libvpx and libopus via
+PyAV), read back with ffprobe: segments start on keyframes, timestamps are the stream times
+given, the init segment is shared, memory is bounded by the window."""
+
+from __future__ import annotations
+
+import fractions
+import logging
+import random
+from pathlib import Path
+
+import av
+import pytest
+
+from sfu_sidecar.segments.depacketize import Frame
+from sfu_sidecar.segments.mux import CLUSTER_ID
+from sfu_sidecar.segments.segmenter import StreamSegmenter
+from tests.segments.media import ffprobe, first_video_packet_per_range, packets_by_kind
+
+FPS = 30
+log = logging.getLogger("test.segments")
+
+
+def _vp8_frames(count: int, gop: int) -> list[tuple[bytes, bool]]:
+    enc = av.CodecContext.create("libvpx", "w")
+    enc.width, enc.height, enc.pix_fmt = 320, 240, "yuv420p"
+    enc.time_base = fractions.Fraction(1, FPS)
+    enc.options = {"deadline": "realtime", "g": str(gop), "keyint_min": str(gop)}
+    out = []
+    for i in range(count):
+        frame = av.VideoFrame(320, 240, "yuv420p")
+        rng = random.Random(i)
+        for plane in frame.planes:
+            plane.update(rng.randbytes(64) * (plane.buffer_size // 64))
+        frame.pts = i
+        out.extend((bytes(p), bool(p.is_keyframe)) for p in enc.encode(frame))  # type: ignore[arg-type]
+    out.extend((bytes(p), bool(p.is_keyframe)) for p in enc.encode(None))  # type: ignore[arg-type]
+    return out
+
+
+def _opus_packets(count: int) -> list[bytes]:
+    enc = av.CodecContext.create("libopus", "w")
+    enc.sample_rate, enc.layout, enc.format = 48000, "stereo", "s16"  # type: ignore[attr-defined]
+    out = []
+    for i in range(count):
+        frame = av.AudioFrame(format="s16", layout="stereo", samples=960)
+        frame.sample_rate = 48000
+        frame.pts = i * 960
+        for plane in frame.planes:
+            plane.update(bytes(plane.buffer_size))
+        out.extend(bytes(p) for p in enc.encode(frame))  # type: ignore[arg-type]
+    return out
+
+
+def _vp8_dims(data: bytes) -> tuple[int, int]:
+    return (int.from_bytes(data[6:8], "little") & 0x3FFF,
+            int.from_bytes(data[8:10], "little") & 0x3FFF)
+
+
+def _segmenter(window: int = 100, asked: list[int] | None = None) -> StreamSegmenter:
+    return StreamSegmenter(
+        "s", target_us=1_000_000, window=window,
+        request_keyframe=(lambda: asked.append(1)) if asked is not None else (lambda: None),
+        log=log,
+    )
+
+
+def _run(seg: StreamSegmenter, video: list[tuple[bytes, bool]], start_us: int,
+         audio: list[bytes] | None = None) -> dict[int, int]:
+    """Push video at FPS and audio every 20 ms from ``start_us``, in time order; returns
+    video stream time (µs) by frame index."""
+    events: list[tuple[int, str, int]] = []
+    times = {}
+    for i in range(len(video)):
+        # Capture times with sub-millisecond parts, as real ones have.
+        t = start_us + i * 1_000_000 // FPS + 137
+        times[i] = t
+        events.append((t, "video", i))
+    for j in range(len(audio or [])):
+        events.append((start_us + j * 20_000 + 11, "audio", j))
+    if audio:
+        seg.add_audio_track("opus", 48000, 2)
+    for t, kind, i in sorted(events):
+        if kind == "video":
+            data, key = video[i]
+            w, h = _vp8_dims(data) if key else (0, 0)
+            seg.push("video", Frame(i, data, key, w, h), t)
+        else:
+            assert audio is not None
+            seg.push("audio", Frame(i, audio[i], True), t)
+    return times
+
+
+def _write(seg: StreamSegmenter, path: Path) -> list[tuple[int, int]]:
+    assert seg.init is not None
+    ranges = []
+    with path.open("wb") as f:
+        f.write(seg.init)
+        pos = len(seg.init)
+        for s in seg.segments:
+            assert s.data.startswith(CLUSTER_ID)
+            f.write(s.data)
+            ranges.append((pos, pos + len(s.data)))
+            pos += len(s.data)
+    return ranges
+
+
+def test_segments_start_on_keyframes_with_stream_time_pts(tmp_path: Path) -> None:
+    video = _vp8_frames(150, gop=10)  # a keyframe every 1/3 s, 5 s of video
+    audio = _opus_packets(250)
+    seg = _segmenter()
+    times = _run(seg, video, 2_000_000, audio)
+    assert len(seg.segments) == 4  # 5 s at 1 s each; the last one stays open
+    for s in seg.segments:
+        assert s.duration_us >= 1_000_000 and s.keyframe
+    path = tmp_path / "all.webm"
+    ranges = _write(seg, path)
+    probe = ffprobe(path)
+    streams = {s["codec_type"]: s for s in probe["streams"]}
+    assert streams["video"]["codec_name"] == "vp8"
+    assert (streams["video"]["width"], streams["video"]["height"]) == (320, 240)
+    assert streams["audio"]["codec_name"] == "opus"
+    for first in first_video_packet_per_range(probe, ranges):
+        assert first is not None and "K" in first["flags"]
+    starts = [s.start_us for s in seg.segments]
+    for first, start in zip(first_video_packet_per_range(probe, ranges), starts, strict=True):
+        assert first is not None and abs(float(first["pts_time"]) * 1e6 - start) <= 500
+    got = [float(p["pts_time"]) * 1e6 for p in packets_by_kind(probe, "video")]
+    want = [times[i] for i in range(len(got))]
+    assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 500
+    audio_pts = [float(p["pts_time"]) for p in packets_by_kind(probe, "audio")]
+    assert audio_pts == sorted(audio_pts) and len(audio_pts) >= 150
+    index = seg.index()
+    assert index["codecs"] == ["vp8", "opus"]
+    assert [s["number"] for s in index["segments"]] == [0, 1, 2, 3]
+
+
+def test_window_bounds_memory_and_numbers_keep_rising() -> None:
+    seg = _segmenter(window=3)
+    _run(seg, _vp8_frames(240, gop=15), 0)
+    assert [s.number for s in seg.segments] == [4, 5, 6]
+    assert seg.find(1) is None and seg.find(5) is not None
+
+
+def test_keyframe_asked_when_the_target_passes_without_one() -> None:
+    asked: list[int] = []
+    seg = _segmenter(asked=asked)
+    _run(seg, _vp8_frames(90, gop=1000), 0)  # one keyframe only, 3 s
+    assert len(asked) == 1  # once per open segment, when its target duration passed
+    assert len(seg.segments) == 0
+
+
+@pytest.mark.parametrize("bad_us", [-5, 100])
+def test_frames_before_the_epoch_or_out_of_order_are_dropped(bad_us: int) -> None:
+    seg = _segmenter()
+    frames = _vp8_frames(2, gop=10)
+    key, inter = frames[0], frames[1]
+    seg.push("video", Frame(0, key[0], True, *_vp8_dims(key[0])), 100)
+    seg.push("video", Frame(1, inter[0], False), bad_us)
+    assert seg.dropped == 1
