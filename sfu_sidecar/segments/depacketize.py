@@ -8,12 +8,13 @@ frame after a lost one refers to it and a container would carry undecodable data
 
 from __future__ import annotations
 
+import contextlib
 import struct
 from dataclasses import dataclass
 
 __all__ = [
-    "Frame", "H264Depacketizer", "OpusDepacketizer", "Vp8Depacketizer", "h264_avcc",
-    "vp8_descriptor_size",
+    "Frame", "H264Depacketizer", "OpusDepacketizer", "Vp8Depacketizer", "annex_b",
+    "avc_codec_string", "h264_avcc", "nal_units", "sps_dimensions", "vp8_descriptor_size",
 ]
 
 
@@ -188,10 +189,27 @@ class H264Depacketizer:
             return None
         ts, data = taken
         keyframe = self._has_idr(data)
+        if keyframe and not self._has_parameter_sets(data):
+            if self.sps is None or self.pps is None:
+                self._need_keyframe = True  # undecodable without them: wait for the next IDR
+                return None
+            # Senders may send SPS/PPS once; every keyframe here starts a segment a player may
+            # join at, so it carries them.
+            data = _length_prefixed(self.sps) + _length_prefixed(self.pps) + data
         if not data or (self._need_keyframe and not keyframe):
             return None
         self._need_keyframe = False
-        return Frame(ts, data, keyframe)
+        width = height = 0
+        if keyframe and self.sps is not None:
+            # Left 0 when unreadable: the segmenter starts no segment without dimensions.
+            with contextlib.suppress(ValueError):
+                width, height = sps_dimensions(self.sps)
+        return Frame(ts, data, keyframe, width, height)
+
+    @staticmethod
+    def _has_parameter_sets(data: bytes) -> bool:
+        kinds = {nal[0] & 0x1F for nal in nal_units(data) if nal}
+        return 7 in kinds and 8 in kinds
 
     def _payload(self, payload: bytes) -> None:
         if not payload:
@@ -225,13 +243,7 @@ class H264Depacketizer:
 
     @staticmethod
     def _has_idr(data: bytes) -> bool:
-        pos = 0
-        while pos + 5 <= len(data):
-            (size,) = struct.unpack_from(">I", data, pos)
-            if data[pos + 4] & 0x1F == 5:
-                return True
-            pos += 4 + size
-        return False
+        return any(nal and nal[0] & 0x1F == 5 for nal in nal_units(data))
 
 
 class OpusDepacketizer:
@@ -241,6 +253,129 @@ class OpusDepacketizer:
         if not payload:
             return None
         return Frame(timestamp, payload, True)
+
+
+def _length_prefixed(nal: bytes) -> bytes:
+    return struct.pack(">I", len(nal)) + nal
+
+
+def nal_units(data: bytes) -> list[bytes]:
+    """The NAL units of a 4-byte length-prefixed access unit."""
+    out = []
+    pos = 0
+    while pos + 4 <= len(data):
+        (size,) = struct.unpack_from(">I", data, pos)
+        out.append(data[pos + 4:pos + 4 + size])
+        pos += 4 + size
+    return out
+
+
+def annex_b(data: bytes) -> bytes:
+    """A length-prefixed access unit with start codes instead (ITU-T H.264 Annex B)."""
+    return b"".join(b"\x00\x00\x00\x01" + nal for nal in nal_units(data))
+
+
+def avc_codec_string(sps: bytes) -> str:
+    """The RFC 6381 codec string of an SPS: avc1.PPCCLL (profile, constraints, level)."""
+    return "avc1." + sps[1:4].hex()
+
+
+class _Bits:
+    """Big-endian bit reader over an RBSP, with Exp-Golomb codes (H.264 §9.1)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+
+    def u(self, n: int) -> int:
+        value = 0
+        for _ in range(n):
+            byte = self.pos >> 3
+            if byte >= len(self.data):
+                raise ValueError("SPS truncated")
+            value = (value << 1) | ((self.data[byte] >> (7 - (self.pos & 7))) & 1)
+            self.pos += 1
+        return value
+
+    def ue(self) -> int:
+        zeros = 0
+        while self.u(1) == 0:
+            zeros += 1
+            if zeros > 31:
+                raise ValueError("bad Exp-Golomb code")
+        return (1 << zeros) - 1 + self.u(zeros)
+
+    def se(self) -> int:
+        k = self.ue()
+        return (k + 1) // 2 if k & 1 else -(k // 2)
+
+
+def _rbsp(nal: bytes) -> bytes:
+    """NAL payload without its header and emulation-prevention bytes (00 00 03)."""
+    out = bytearray()
+    zeros = 0
+    for b in nal[1:]:
+        if zeros >= 2 and b == 3:
+            zeros = 0
+            continue
+        out.append(b)
+        zeros = zeros + 1 if b == 0 else 0
+    return bytes(out)
+
+
+HIGH_PROFILES = {100, 110, 122, 244, 44, 83, 86, 118, 128, 138, 139, 134, 135}
+
+
+def sps_dimensions(sps: bytes) -> tuple[int, int]:
+    """Display width and height from an SPS (H.264 §7.3.2.1.1, cropping applied); the MP4
+    sample entry needs them and the muxer does not parse the SPS itself."""
+    r = _Bits(_rbsp(sps))
+    profile = r.u(8)
+    r.u(16)  # constraint flags, level
+    r.ue()  # seq_parameter_set_id
+    chroma = 1
+    if profile in HIGH_PROFILES:
+        chroma = r.ue()
+        if chroma == 3:
+            r.u(1)  # separate_colour_plane_flag
+        r.ue()
+        r.ue()  # bit depths
+        r.u(1)  # qpprime_y_zero_transform_bypass_flag
+        if r.u(1):  # seq_scaling_matrix_present_flag
+            for i in range(8 if chroma != 3 else 12):
+                if r.u(1):
+                    last = nxt = 8
+                    for _ in range(16 if i < 6 else 64):
+                        if nxt:
+                            nxt = (last + r.se() + 256) % 256
+                        last = nxt or last
+    r.ue()  # log2_max_frame_num_minus4
+    poc_type = r.ue()
+    if poc_type == 0:
+        r.ue()
+    elif poc_type == 1:
+        r.u(1)
+        r.se()
+        r.se()
+        for _ in range(r.ue()):
+            r.se()
+    r.ue()  # max_num_ref_frames
+    r.u(1)  # gaps_in_frame_num_value_allowed_flag
+    width_mbs = r.ue() + 1
+    height_units = r.ue() + 1
+    frame_mbs_only = r.u(1)
+    if not frame_mbs_only:
+        r.u(1)  # mb_adaptive_frame_field_flag
+    r.u(1)  # direct_8x8_inference_flag
+    width = width_mbs * 16
+    height = height_units * 16 * (2 - frame_mbs_only)
+    if r.u(1):  # frame_cropping_flag
+        left, right, top, bottom = r.ue(), r.ue(), r.ue(), r.ue()
+        crop_x = 1 if chroma in (0, 3) else 2
+        crop_y = (1 if chroma in (0, 3) else (2 if chroma == 1 else 1)) * (2 - frame_mbs_only)
+        width -= crop_x * (left + right)
+        height -= crop_y * (top + bottom)
+    return width, height
 
 
 def h264_avcc(sps: bytes, pps: bytes) -> bytes:

@@ -1,11 +1,18 @@
-"""Coded frames into WebM segments with PyAV, without decoding or encoding.
+"""Coded frames into WebM or fragmented MP4 segments with PyAV, without decoding or encoding.
 
-Each media segment is muxed as a complete live-WebM file of its own (header, one cluster) and
-split at its first Cluster element: the bytes before it are the init segment, the rest the media
-segment. With ``fflags +bitexact`` the muxer writes no random UIDs and no dates, so every
-segment's header is the same bytes for the same track parameters; :class:`Muxer` checks that
-and serves the first one as the init segment. Frames are muxed as :class:`av.Packet` objects
-built from the bitstream; no codec ever sees them.
+Each media segment is muxed as a complete file of its own and split where its media starts:
+live WebM (header, one cluster) at its first Cluster element, fragmented MP4 (ftyp, moov, then
+moof + mdat) at its first moof box. The bytes before are the init segment, the rest the media
+segment. With ``fflags +bitexact`` the muxers write no random UIDs and no dates, so every
+segment's header is the same bytes for the same track parameters (the segmenter checks that and
+serves the first one as the init segment). Frames are muxed as :class:`av.Packet` objects built
+from the bitstream; no codec ever sees them.
+
+MP4: ``frag_discont`` makes each file's fragment carry its packets' own decode time (tfdt)
+rather than restart at zero, so concatenated segments keep stream time. H.264 goes in as
+Annex B; the MP4 muxer takes SPS and PPS from the first keyframe (``delay_moov``) into the avcC
+record and rewrites NAL units with length prefixes, as PyAV cannot set a stream's extradata
+without opening a codec.
 """
 
 from __future__ import annotations
@@ -18,7 +25,9 @@ from fractions import Fraction
 import av
 from av.container import OutputContainer
 
-__all__ = ["CLUSTER_ID", "MuxError", "Sample", "TrackSpec", "mux_webm"]
+from sfu_sidecar.segments.depacketize import annex_b
+
+__all__ = ["CLUSTER_ID", "MuxError", "Sample", "TrackSpec", "mux_mp4", "mux_webm"]
 
 CLUSTER_ID = b"\x1f\x43\xb6\x75"  # Matroska Cluster element ID
 # Timestamps go to PyAV in microseconds; it rescales them to the muxer's timebase (WebM: 1 ms)
@@ -32,7 +41,8 @@ class MuxError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class TrackSpec:
-    """One track of the container: ``codec`` is vp8 or opus; video needs its dimensions."""
+    """One track of the container: ``codec`` is vp8, h264 or opus; video needs its
+    dimensions in WebM (MP4 players read them from the SPS)."""
 
     kind: str
     codec: str
@@ -52,31 +62,38 @@ class Sample:
     keyframe: bool
 
 
+MP4_FLAGS = "frag_keyframe+empty_moov+delay_moov+default_base_moof+frag_discont+skip_trailer"
+
+
 def _add_track(container: OutputContainer, spec: TrackSpec) -> av.stream.Stream:
-    if spec.codec == "vp8":
+    if spec.codec in ("vp8", "h264"):
         # A stream without a codec context: nothing is opened, the packets pass through.
-        return container.add_mux_stream("vp8", width=spec.width, height=spec.height)
+        # The RTP clock's timebase; WebM replaces it with its own 1 ms.
+        return container.add_mux_stream(spec.codec, width=spec.width, height=spec.height,
+                                        time_base=Fraction(1, 90000))
     if spec.codec == "opus":
         # The libopus encoder context is opened (never fed) only because it writes the
         # OpusHead the WebM CodecPrivate needs; PyAV cannot set a mux stream's extradata.
         layout = "stereo" if spec.channels == 2 else "mono"
         return container.add_stream("libopus", rate=spec.sample_rate, layout=layout)
-    raise MuxError(f"codec {spec.codec} not supported in WebM")
+    raise MuxError(f"codec {spec.codec} not supported")
 
 
-def mux_webm(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[bytes, bytes]:
-    """(header, cluster bytes) for ``samples``, muxed in pts order per track."""
+def _mux(fmt: str, options: dict[str, str], tracks: Sequence[TrackSpec],
+         samples: Sequence[Sample]) -> tuple[bytes, int]:
     buf = io.BytesIO()
     try:
-        container = av.open(buf, "w", format="webm",
-                            options={"live": "1", "fflags": "+bitexact"})
+        container = av.open(buf, "w", format=fmt, options=options)
         assert isinstance(container, OutputContainer)
         with container:
             streams = [_add_track(container, spec) for spec in tracks]
             container.start_encoding()
             header_len = len(buf.getvalue())
             for sample in samples:
-                packet = av.Packet(sample.data)
+                data = sample.data
+                if tracks[sample.track].codec == "h264":
+                    data = annex_b(data)
+                packet = av.Packet(data)
                 packet.stream = streams[sample.track]
                 packet.time_base = _US
                 packet.pts = packet.dts = sample.pts_us
@@ -84,8 +101,28 @@ def mux_webm(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[by
                 container.mux(packet)
     except (av.FFmpegError, ValueError) as e:
         raise MuxError(str(e)) from e
-    out = buf.getvalue()
+    return buf.getvalue(), header_len
+
+
+def mux_webm(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[bytes, bytes]:
+    """(header, cluster bytes) for ``samples`` (VP8, Opus), muxed in pts order per track."""
+    out, header_len = _mux("webm", {"live": "1", "fflags": "+bitexact"}, tracks, samples)
     cut = out.find(CLUSTER_ID, header_len)
     if cut < 0:
         raise MuxError("the muxer wrote no cluster")
     return out[:cut], out[cut:]
+
+
+def mux_mp4(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[bytes, bytes]:
+    """(ftyp + moov, moof + mdat boxes) for ``samples`` (H.264, Opus); the first video sample
+    must be a keyframe carrying SPS and PPS."""
+    out, _ = _mux("mp4", {"movflags": MP4_FLAGS, "fflags": "+bitexact"}, tracks, samples)
+    pos = 0
+    while pos + 8 <= len(out):
+        size = int.from_bytes(out[pos:pos + 4], "big")
+        if out[pos + 4:pos + 8] == b"moof":
+            return out[:pos], out[pos:]
+        if size < 8:
+            break
+        pos += size
+    raise MuxError("the muxer wrote no fragment")

@@ -1,4 +1,5 @@
-"""One stream's live segments: frames in (with stream times), WebM init and media segments out.
+"""One stream's live segments: frames in (with stream times), init and media segments out
+(VP8 + Opus in WebM, H.264 + Opus in fragmented MP4).
 
 A segment opens on a video keyframe and closes at the first keyframe after it has lasted the
 target duration; when the target passes without one, the publisher is asked for a keyframe
@@ -19,8 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sfu_sidecar.segments.depacketize import Frame
-from sfu_sidecar.segments.mux import MuxError, Sample, TrackSpec, mux_webm
+from sfu_sidecar.segments.depacketize import Frame, avc_codec_string, nal_units
+from sfu_sidecar.segments.mux import MuxError, Sample, TrackSpec, mux_mp4, mux_webm
 
 __all__ = ["MAX_OPEN_BYTES", "Segment", "StreamSegmenter"]
 
@@ -48,7 +49,7 @@ class _Open:
 
 
 class StreamSegmenter:
-    """Segments for one stream (VP8 video, optionally Opus audio, in WebM)."""
+    """Segments for one stream: its video (``video_codec``, vp8 or h264) and optionally Opus."""
 
     def __init__(
         self,
@@ -64,7 +65,9 @@ class StreamSegmenter:
         self.segments: deque[Segment] = deque(maxlen=window)
         self.init: bytes | None = None
         self.next_number = 0
+        self.video_codec = "vp8"
         self.video: TrackSpec | None = None
+        self._video_string: str | None = None
         self.audio: TrackSpec | None = None
         self.dropped = 0  # frames not muxed: out of order, before the epoch, oversize segment
         self.mux_errors = 0
@@ -74,9 +77,20 @@ class StreamSegmenter:
         self._log = log
 
     @property
+    def container(self) -> str:
+        return "mp4" if self.video_codec == "h264" else "webm"
+
+    @property
     def codecs(self) -> list[str]:
-        """RFC 6381 codec strings as WebM players take them."""
-        return [t.codec for t in (self.video, self.audio) if t is not None]
+        """RFC 6381 codec strings of the tracks, once the first keyframe fixed them."""
+        if self._video_string is None:
+            return []
+        return [self._video_string] + (["opus"] if self.audio is not None else [])
+
+    @property
+    def extensions(self) -> tuple[str, str]:
+        """File name extensions of the init and media segments."""
+        return ("mp4", "m4s") if self.container == "mp4" else ("webm", "webm")
 
     def add_audio_track(self, codec: str, sample_rate: int, channels: int) -> None:
         if self.audio is None and self.init is None:
@@ -101,7 +115,8 @@ class StreamSegmenter:
             if not frame.keyframe or not frame.width:
                 self.dropped += 1
                 return
-            self.video = TrackSpec("video", "vp8", frame.width, frame.height)
+            self.video = TrackSpec("video", self.video_codec, frame.width, frame.height)
+            self._video_string = self._codec_string(frame)
         current = self._open
         if frame.keyframe and (current is None or stream_us - current.start_us >= self.target_us):
             if current is not None:
@@ -128,6 +143,13 @@ class StreamSegmenter:
             self.dropped += len(current.samples)
             self._open = None
 
+    def _codec_string(self, frame: Frame) -> str:
+        """RFC 6381 codec string of the video track, from its first keyframe."""
+        if self.video_codec == "h264":
+            sps = next(n for n in nal_units(frame.data) if n and n[0] & 0x1F == 7)
+            return avc_codec_string(sps)
+        return "vp8"
+
     def _tracks(self) -> list[TrackSpec]:
         assert self.video is not None
         return [self.video] + ([self.audio] if self.audio is not None else [])
@@ -137,7 +159,8 @@ class StreamSegmenter:
         if self.audio is None:
             samples = [s for s in samples if s.track == VIDEO]
         try:
-            header, body = mux_webm(self._tracks(), samples)
+            mux = mux_mp4 if self.container == "mp4" else mux_webm
+            header, body = mux(self._tracks(), samples)
         except MuxError as e:
             self.mux_errors += 1
             self._log.warning("stream %s: segment not muxed: %s", self.stream, e)
@@ -163,11 +186,12 @@ class StreamSegmenter:
         return None
 
     def index(self) -> dict[str, Any]:
+        init_ext, media_ext = self.extensions
         return {
             "stream": self.stream,
-            "container": "webm",
+            "container": self.container,
             "codecs": self.codecs,
-            "init": "init.webm" if self.init is not None else None,
+            "init": f"init.{init_ext}" if self.init is not None else None,
             "target_duration_s": self.target_us / 1e6,
             "segments": [
                 {
@@ -175,7 +199,7 @@ class StreamSegmenter:
                     "start_s": s.start_us / 1e6,
                     "duration_s": s.duration_us / 1e6,
                     "keyframe": s.keyframe,
-                    "url": f"{s.number}.webm",
+                    "url": f"{s.number}.{media_ext}",
                 }
                 for s in self.segments
             ],

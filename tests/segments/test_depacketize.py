@@ -19,6 +19,7 @@ from sfu_sidecar.segments.depacketize import (
     OpusDepacketizer,
     Vp8Depacketizer,
     h264_avcc,
+    sps_dimensions,
     vp8_descriptor_size,
 )
 
@@ -158,13 +159,27 @@ def test_h264_single_stap_a_and_fu_a() -> None:
     assert avcc[6:8] == struct.pack(">H", len(sps)) and avcc.endswith(pps)
 
 
+SPS = _nal(7, bytes([0x42, 0xC0, 0x1F]) + b"s" * 5)
+PPS = _nal(8, b"p" * 3)
+
+
 def test_h264_lost_fragment_waits_for_an_idr() -> None:
     idr = _nal(5, b"I" * 200)
     fu = [bytes([0x7C, 0x85]) + idr[1:100], bytes([0x7C, 0x45]) + idr[100:]]
     slice_ = [_nal(1, b"P" * 20)]
-    frames = _feed(H264Depacketizer(), [(0, fu), (3000, slice_), (6000, fu), (9000, slice_)],
-                   skip=frozenset({3}))  # the first packet of the IDR at 6000
+    frames = _feed(H264Depacketizer(),
+                   [(0, [SPS, PPS, *fu]), (3000, slice_), (6000, fu), (9000, slice_)],
+                   skip=frozenset({5}))  # the first packet of the IDR at 6000
     assert [f.timestamp for f in frames] == [0, 3000]
+
+
+def test_h264_idr_without_parameter_sets() -> None:
+    idr = _nal(5, b"I" * 20)
+    # None seen yet: the IDR cannot be decoded, nothing comes out until they arrive.
+    frames = _feed(H264Depacketizer(), [(0, [idr]), (3000, [SPS, PPS, idr]), (6000, [idr])])
+    assert [(f.timestamp, f.keyframe) for f in frames] == [(3000, True), (6000, True)]
+    # The later IDR gets the parameter sets seen before, so a segment can start on it.
+    assert frames[1].data == _length_prefixed(SPS, PPS, idr)
 
 
 def _annexb_nals(data: bytes) -> list[bytes]:
@@ -185,7 +200,21 @@ def test_h264_from_aiortc_packetizer() -> None:
     assert [f.data for f in frames] == [
         _length_prefixed(*_annexb_nals(bytes(p))) for p in packets
     ]
-    assert frames[0].keyframe
+    assert frames[0].keyframe and (frames[0].width, frames[0].height) == (320, 240)
+
+
+@pytest.mark.parametrize(("width", "height", "profile"),
+                         [(176, 100, "baseline"), (640, 360, "high"), (322, 242, "main")])
+def test_sps_dimensions_with_cropping(width: int, height: int, profile: str) -> None:
+    enc = av.CodecContext.create("libx264", "w")
+    enc.width, enc.height, enc.pix_fmt = width, height, "yuv420p"
+    enc.time_base = fractions.Fraction(1, 30)
+    enc.options = {"profile": profile, "tune": "zerolatency"}
+    frame = av.VideoFrame(width, height, "yuv420p")
+    frame.pts = 0
+    data = b"".join(bytes(p) for p in enc.encode(frame))  # type: ignore[arg-type]
+    sps = next(n for n in _annexb_nals(data) if n[0] & 0x1F == 7)
+    assert sps_dimensions(sps) == (width, height)
 
 
 def test_opus_one_packet_one_frame() -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 import av
 import pytest
 
-from sfu_sidecar.segments.depacketize import Frame
+from sfu_sidecar.segments.depacketize import Frame, nal_units, sps_dimensions
 from sfu_sidecar.segments.mux import CLUSTER_ID
 from sfu_sidecar.segments.segmenter import StreamSegmenter
 from tests.segments.media import ffprobe, first_video_packet_per_range, packets_by_kind
@@ -158,3 +158,66 @@ def test_frames_before_the_epoch_or_out_of_order_are_dropped(bad_us: int) -> Non
     seg.push("video", Frame(0, key[0], True, *_vp8_dims(key[0])), 100)
     seg.push("video", Frame(1, inter[0], False), bad_us)
     assert seg.dropped == 1
+
+
+def _h264_frames(count: int, gop: int) -> list[tuple[bytes, bool]]:
+    """libx264 access units, length-prefixed as the H.264 depacketizer gives them."""
+    enc = av.CodecContext.create("libx264", "w")
+    enc.width, enc.height, enc.pix_fmt = 320, 240, "yuv420p"
+    enc.time_base = fractions.Fraction(1, FPS)
+    enc.options = {"tune": "zerolatency", "g": str(gop), "keyint_min": str(gop), "bf": "0",
+                   "sc_threshold": "0"}
+    out = []
+    for i in range(count):
+        frame = av.VideoFrame(320, 240, "yuv420p")
+        rng = random.Random(i % 3)
+        for plane in frame.planes:
+            plane.update(rng.randbytes(64) * (plane.buffer_size // 64))
+        frame.pts = i
+        for p in enc.encode(frame):  # type: ignore[arg-type]
+            nals = [n for n in bytes(p).replace(b"\0\0\0\1", b"\0\0\1").split(b"\0\0\1") if n]
+            data = b"".join(len(n).to_bytes(4, "big") + n for n in nals)
+            out.append((data, bool(p.is_keyframe)))
+    return out
+
+
+def test_h264_opus_in_fragmented_mp4(tmp_path: Path) -> None:
+    video = _h264_frames(120, gop=15)
+    assert [k for _, k in video].count(True) == 8
+    seg = _segmenter()
+    seg.video_codec = "h264"
+    seg.add_audio_track("opus", 48000, 2)
+    times = {}
+    for i, (data, key) in enumerate(video):
+        times[i] = 3_000_000 + i * 1_000_000 // FPS + 211
+        sps = next(n for n in nal_units(data) if n[0] & 0x1F == 7) if key else b""
+        w, h = sps_dimensions(sps) if key else (0, 0)
+        seg.push("video", Frame(i, data, key, w, h), times[i])
+    assert len(seg.segments) == 3 and seg.init is not None
+    assert seg.index()["codecs"][0].startswith("avc1.")
+    assert seg.extensions == ("mp4", "m4s")
+    path = tmp_path / "all.mp4"
+    ranges = _write_any(seg, path)
+    probe = ffprobe(path)
+    streams = {s["codec_type"]: s for s in probe["streams"]}
+    assert streams["video"]["codec_name"] == "h264"
+    assert (streams["video"]["width"], streams["video"]["height"]) == (320, 240)
+    for first, s in zip(first_video_packet_per_range(probe, ranges), seg.segments, strict=True):
+        assert first is not None and "K" in first["flags"]
+        assert abs(float(first["pts_time"]) * 1e6 - s.start_us) <= 500
+    got = [float(p["pts_time"]) * 1e6 for p in packets_by_kind(probe, "video")]
+    assert max(abs(g - times[i]) for i, g in enumerate(got)) <= 500
+    assert len(got) == 90
+
+
+def _write_any(seg: StreamSegmenter, path: Path) -> list[tuple[int, int]]:
+    assert seg.init is not None
+    ranges = []
+    with path.open("wb") as f:
+        f.write(seg.init)
+        pos = len(seg.init)
+        for s in seg.segments:
+            f.write(s.data)
+            ranges.append((pos, pos + len(s.data)))
+            pos += len(s.data)
+    return ranges
