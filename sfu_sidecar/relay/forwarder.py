@@ -384,7 +384,7 @@ class TrackForwarder:
         return PacketInfo(
             self.kind, pkt.ssrc, pkt.sequence_number, pkt.timestamp, pkt.marker,
             keyframe, arrival_ns, self.clock_rate,
-            {uris[i]: v for i, v in pkt.extensions if i in uris},
+            {uris[i]: v for i, v in pkt.extensions if i in uris}, pkt.payload,
         )
 
     # --- viewer feedback ------------------------------------------------------------------

@@ -70,6 +70,8 @@ class PacketInfo:
     arrival_ns: int
     clock_rate: int
     extensions: Mapping[str, bytes]
+    # The RTP payload as the publisher sent it (for observers that rebuild frames from it).
+    payload: bytes = b""
 
 
 PacketObserver = Callable[[PacketInfo, int], None]

@@ -79,6 +79,12 @@ class RelayService:
     def add_observer(self, observer: RelayObserver) -> None:
         self.observers.append(observer)
 
+    def request_keyframe(self, stream: str, kind: str = "video") -> bool:
+        """Ask ``stream``'s publisher for a keyframe (throttled per track, as viewers' PLIs).
+        True when a request went out; False for an unknown stream or while throttled."""
+        found = self.streams.by_name.get(stream)
+        return found is not None and found.keyframe_wanted(kind, self.now_ns())
+
     async def start(self) -> None:
         await adapter.check()
         adapter.set_consent_timeout(self.settings.ice_consent_timeout_s)

@@ -94,6 +94,15 @@ class Stream:
         if fw.request_keyframe(now_ns, output) and self._request_keyframe is not None:
             self._request_keyframe(output.kind)
 
+    def keyframe_wanted(self, kind: str, now_ns: int) -> bool:
+        """A component other than a viewer needs a keyframe of ``kind``: asked of the publisher
+        through the same per-track throttle as viewers' requests. True when one was sent."""
+        fw = self.forwarders.get(kind)
+        if fw is None or not fw.request_keyframe(now_ns) or self._request_keyframe is None:
+            return False
+        self._request_keyframe(kind)
+        return True
+
     def _maybe_empty(self) -> None:
         if self.publisher is None and not self.viewers and self._on_empty is not None:
             self._on_empty(self)

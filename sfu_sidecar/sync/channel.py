@@ -204,6 +204,15 @@ class SyncService(RelayObserver):
         # a browser's getSynchronizationSources() shows capture times on the house clock.
         return {ABS_CAPTURE_TIME: build_abs_capture_time(capture.capture_ns)}
 
+    def capture_time(self, stream: str, packet: PacketInfo) -> CaptureTime | None:
+        """The capture time this component mapped for ``packet`` (call from a later observer's
+        ``publisher_packet`` for the same packet), or None when it has not seen that packet."""
+        pub = self.publishers.get(stream)
+        last = pub.last.get(packet.kind) if pub is not None else None
+        if last is None or last[0] != packet.ssrc or last[1] != packet.sequence_number:
+            return None
+        return last[2]
+
     def _maybe_fix_epoch(
         self, stream: str, pub: _Publisher, packet: PacketInfo, capture: CaptureTime
     ) -> None:

@@ -41,6 +41,24 @@ async def test_a_viewers_keyframe_request_goes_to_the_live_publishers_callable()
     await session.pc.close()
 
 
+async def test_a_components_keyframe_request_shares_the_viewers_throttle() -> None:
+    streams = Streams()
+    stream = streams.get_or_create("cam")
+    asked: list[str] = []
+    assert not stream.keyframe_wanted("video", 10 * S)  # no video track yet
+    stream.claim_publisher(publisher(streams, "cam"), asked.append)
+    fw = stream.forwarder("video", VP8)
+    output = ViewerOutput("v1", "video", OutputConfig(ssrc=1, payload_type=96),
+                          seq_base=0, ts_base=0)
+    fw.add_output(output)
+    assert stream.keyframe_wanted("video", 10 * S)
+    stream.keyframe_requested(output, 10 * S + 1)  # a viewer's PLI right after: throttled
+    assert not stream.keyframe_wanted("video", 10 * S + 2)
+    assert asked == ["video"]
+    assert stream.keyframe_wanted("video", 11 * S)
+    assert asked == ["video", "video"]
+
+
 async def test_one_publisher_at_a_time_and_an_empty_stream_is_dropped() -> None:
     streams = Streams()
     stream = streams.get_or_create("cam")
