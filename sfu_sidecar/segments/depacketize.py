@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 __all__ = [
     "Frame", "H264Depacketizer", "OpusDepacketizer", "Vp8Depacketizer", "annex_b",
-    "avc_codec_string", "h264_avcc", "nal_units", "sps_dimensions", "vp8_descriptor_size",
+    "avc_codec_string", "nal_units", "sps_dimensions", "vp8_descriptor_size",
 ]
 
 
@@ -146,8 +146,8 @@ class Vp8Depacketizer:
 
 class H264Depacketizer:
     """H.264 access units from RTP payloads (RFC 6184 single NAL, STAP-A, FU-A; packetization
-    mode 0 or 1), as length-prefixed NAL units. SPS and PPS seen in the stream are kept for
-    the container's avcC record."""
+    mode 0 or 1), as length-prefixed NAL units. The last SPS and PPS seen are kept, so every
+    keyframe can carry them and its dimensions are known."""
 
     def __init__(self) -> None:
         self._asm = _Assembler()
@@ -376,15 +376,3 @@ def sps_dimensions(sps: bytes) -> tuple[int, int]:
         width -= crop_x * (left + right)
         height -= crop_y * (top + bottom)
     return width, height
-
-
-def h264_avcc(sps: bytes, pps: bytes) -> bytes:
-    """An AVCDecoderConfigurationRecord (ISO/IEC 14496-15 §5.2.4.1) for one SPS and one PPS,
-    with 4-byte NAL lengths."""
-    if len(sps) < 4:
-        raise ValueError("SPS too short")
-    return (
-        bytes([1, sps[1], sps[2], sps[3], 0xFF, 0xE1])
-        + struct.pack(">H", len(sps)) + sps
-        + b"\x01" + struct.pack(">H", len(pps)) + pps
-    )

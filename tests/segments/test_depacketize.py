@@ -18,7 +18,6 @@ from sfu_sidecar.segments.depacketize import (
     H264Depacketizer,
     OpusDepacketizer,
     Vp8Depacketizer,
-    h264_avcc,
     sps_dimensions,
     vp8_descriptor_size,
 )
@@ -154,9 +153,6 @@ def test_h264_single_stap_a_and_fu_a() -> None:
         (0, _length_prefixed(sps, pps, idr), True), (3000, _length_prefixed(slice_), False)
     ]
     assert dep.sps == sps and dep.pps == pps
-    avcc = h264_avcc(sps, pps)
-    assert avcc[:6] == bytes([1, 0x42, 0xC0, 0x1F, 0xFF, 0xE1])
-    assert avcc[6:8] == struct.pack(">H", len(sps)) and avcc.endswith(pps)
 
 
 SPS = _nal(7, bytes([0x42, 0xC0, 0x1F]) + b"s" * 5)
