@@ -31,6 +31,8 @@ from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe.service import ProbeService
 from sfu_sidecar.relay.routes import RelayRoutes
 from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.segments import routes as segment_routes
+from sfu_sidecar.segments.service import SegmentService
 from sfu_sidecar.sync.channel import SyncService
 
 log = logs.get("app")
@@ -54,12 +56,13 @@ class Components:
     relay: RelayService | None = None
     sync: SyncService | None = None
     probe: ProbeService | None = None
+    segments: SegmentService | None = None
     extra: tuple[Component, ...] = ()
 
     def in_start_order(self) -> list[Component]:
         """Named components first, in dependency order, then the extra ones."""
         named: list[Component | None] = [
-            self.clock, self.captions, self.relay, self.sync, self.probe
+            self.clock, self.captions, self.relay, self.sync, self.probe, self.segments
         ]
         return [c for c in named if c is not None] + list(self.extra)
 
@@ -102,8 +105,10 @@ def build_components(settings: Settings, metrics: Metrics) -> Components:
     # After sync: the relay calls observers in order, so the probe sees each packet's capture
     # time once sync has mapped it.
     probe = ProbeService(settings, relay, metrics, now_ns=now_ns, sync=sync, clock=clock)
+    # After sync too: segments read each packet's capture time from it.
+    segments = SegmentService(settings, relay, sync, captions, now_ns=now_ns)
     return Components(metrics, clock=clock, captions=captions, relay=relay, sync=sync,
-                      probe=probe)
+                      probe=probe, segments=segments)
 
 
 def add_component_routes(app: web.Application, components: Components) -> None:
@@ -118,6 +123,8 @@ def add_component_routes(app: web.Application, components: Components) -> None:
         components.sync.add_routes(app)
     if components.probe is not None:
         components.probe.add_routes(app)
+    if components.segments is not None:
+        segment_routes.add_routes(app, components.segments)
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -448,6 +448,19 @@ class Settings:
         15, _parse_int(3, 10000), "chunks listed in the live HLS subtitle playlist",
         metavar="N",
     )
+    segment_duration_s: float = _setting(
+        1.0, _parse_float(0.2, 30.0),
+        "target duration of one live media segment in seconds (segments start on keyframes)",
+        metavar="SECONDS",
+    )
+    segment_window: int = _setting(
+        10, _parse_int(2, 1000), "closed live media segments kept in memory per stream",
+        metavar="N",
+    )
+    segment_idle_s: float = _setting(
+        30.0, _parse_float(1.0, 3600.0),
+        "seconds without a request before a stream's live segmenting stops", metavar="SECONDS",
+    )
     redis_url: str | None = _setting(
         None, _parse_redis_url,
         "Redis server for the caption store, redis://[:PASSWORD@]HOST[:PORT][/DB] (nodes on one "
