@@ -31,7 +31,7 @@ VIDEO, AUDIO = 0, 1
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A closed segment: immutable once made."""
+    """A closed segment: immutable once made; ``number`` is its start in stream ms."""
 
     number: int
     start_us: int
@@ -64,7 +64,6 @@ class StreamSegmenter:
         self.target_us = target_us
         self.segments: deque[Segment] = deque(maxlen=window)
         self.init: bytes | None = None
-        self.next_number = 0
         self.video_codec = "vp8"
         self.video: TrackSpec | None = None
         self._video_string: str | None = None
@@ -174,10 +173,13 @@ class StreamSegmenter:
             self._log.warning("stream %s: segment header differs from the init segment",
                               self.stream)
             return
+        # Numbered by start in stream milliseconds, not by count: a segmenter started again
+        # (after an idle stop or a restart; the epoch is durable) never reuses a number for
+        # other bytes, which immutable caching of closed segments relies on. Segments last at
+        # least the target duration, so the numbers are distinct and rising.
         self.segments.append(Segment(
-            self.next_number, current.start_us, end_us - current.start_us, True, body,
+            current.start_us // 1000, current.start_us, end_us - current.start_us, True, body,
         ))
-        self.next_number += 1
 
     def find(self, number: int) -> Segment | None:
         for segment in self.segments:

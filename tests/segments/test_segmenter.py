@@ -132,14 +132,15 @@ def test_segments_start_on_keyframes_with_stream_time_pts(tmp_path: Path) -> Non
     assert audio_pts == sorted(audio_pts) and len(audio_pts) >= 150
     index = seg.index()
     assert index["codecs"] == ["vp8", "opus"]
-    assert [s["number"] for s in index["segments"]] == [0, 1, 2, 3]
+    # Numbered by start in stream ms: 2 s + 137 µs, then a keyframe every 10 frames.
+    assert [s["number"] for s in index["segments"]] == [2000, 3000, 4000, 5000]
 
 
 def test_window_bounds_memory_and_numbers_keep_rising() -> None:
     seg = _segmenter(window=3)
-    _run(seg, _vp8_frames(240, gop=15), 0)
-    assert [s.number for s in seg.segments] == [4, 5, 6]
-    assert seg.find(1) is None and seg.find(5) is not None
+    _run(seg, _vp8_frames(240, gop=15), 0)  # 8 s: seven closed segments, three kept
+    assert [s.number for s in seg.segments] == [4000, 5000, 6000]
+    assert seg.find(1000) is None and seg.find(5000) is not None
 
 
 def test_keyframe_asked_when_the_target_passes_without_one() -> None:
