@@ -26,6 +26,7 @@ from sfu_sidecar.segments.mux import MuxError, Sample, TrackSpec, mux_mp4, mux_w
 __all__ = ["MAX_OPEN_BYTES", "Segment", "StreamSegmenter"]
 
 MAX_OPEN_BYTES = 32 * 1024 * 1024
+KEYFRAME_RETRY_US = 500_000  # the relay's own throttle interval for keyframe requests
 VIDEO, AUDIO = 0, 1
 
 
@@ -45,7 +46,7 @@ class _Open:
     start_us: int
     samples: list[Sample] = field(default_factory=list)
     size: int = 0
-    asked_keyframe: bool = False
+    asked_us: int | None = None  # stream time of the last keyframe request
 
 
 class StreamSegmenter:
@@ -117,18 +118,36 @@ class StreamSegmenter:
             self.video = TrackSpec("video", self.video_codec, frame.width, frame.height)
             self._video_string = self._codec_string(frame)
         current = self._open
-        if frame.keyframe and (current is None or stream_us - current.start_us >= self.target_us):
+        resized = frame.keyframe and frame.width and (
+            (frame.width, frame.height) != (self.video.width, self.video.height))
+        if resized or (frame.keyframe and (
+                current is None or stream_us - current.start_us >= self.target_us)):
             if current is not None:
                 self._close(current, stream_us)
+            if resized:
+                self._resize(frame)
             self._open = current = _Open(stream_us)
         if current is None:
             self.dropped += 1
             return
-        if (not current.asked_keyframe and not frame.keyframe
-                and stream_us - current.start_us >= self.target_us):
-            current.asked_keyframe = True
+        if (not frame.keyframe and stream_us - current.start_us >= self.target_us
+                and (current.asked_us is None
+                     or stream_us - current.asked_us >= KEYFRAME_RETRY_US)):
+            # Asked again while none comes: a request can be throttled or lost on the way.
+            current.asked_us = stream_us
             self._request_keyframe()
         self._add(Sample(VIDEO, stream_us, frame.data, frame.keyframe))
+
+    def _resize(self, frame: Frame) -> None:
+        """New dimensions (a publisher's resolution change): the old init segment no longer
+        describes the track, so the segments start over with a new one."""
+        assert self.video is not None
+        self._log.info("stream %s: video %dx%d -> %dx%d, new init segment", self.stream,
+                       self.video.width, self.video.height, frame.width, frame.height)
+        self.video = TrackSpec("video", self.video_codec, frame.width, frame.height)
+        self._video_string = self._codec_string(frame)
+        self.init = None
+        self.segments.clear()
 
     def _add(self, sample: Sample) -> None:
         current = self._open

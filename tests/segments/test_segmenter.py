@@ -147,8 +147,33 @@ def test_keyframe_asked_when_the_target_passes_without_one() -> None:
     asked: list[int] = []
     seg = _segmenter(asked=asked)
     _run(seg, _vp8_frames(90, gop=1000), 0)  # one keyframe only, 3 s
-    assert len(asked) == 1  # once per open segment, when its target duration passed
+    # From 1 s on, every 0.5 s while none comes: at 1.0, 1.5, 2.0 and 2.5 s.
+    assert len(asked) == 4
     assert len(seg.segments) == 0
+
+
+def test_resolution_change_starts_over_with_a_new_init() -> None:
+    seg = _segmenter()
+    _run(seg, _vp8_frames(90, gop=15), 0)
+    first_init = seg.init
+    assert first_init is not None and len(seg.segments) == 2
+    enc = av.CodecContext.create("libvpx", "w")
+    enc.width, enc.height, enc.pix_fmt = 160, 120, "yuv420p"
+    enc.time_base = fractions.Fraction(1, FPS)
+    enc.options = {"deadline": "realtime", "g": "30", "keyint_min": "30"}
+    frames = []
+    for i in range(40):
+        frame = av.VideoFrame(160, 120, "yuv420p")
+        frame.pts = i
+        frames.extend((bytes(p), bool(p.is_keyframe))
+                      for p in enc.encode(frame))  # type: ignore[arg-type]
+    assert [k for _, k in frames[:31]].count(True) == 2
+    for i, (data, key) in enumerate(frames[:31]):
+        w, h = _vp8_dims(data) if key else (0, 0)
+        seg.push("video", Frame(i, data, key, w, h), 3_000_000 + i * 1_000_000 // FPS)
+    assert seg.video is not None and (seg.video.width, seg.video.height) == (160, 120)
+    assert seg.init is not None and seg.init != first_init
+    assert [s.number for s in seg.segments] == [3000]  # the old window went with the old init
 
 
 @pytest.mark.parametrize("bad_us", [-5, 100])
