@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urljoin
 
 import aiohttp
-from aiortc import RTCPeerConnection, RTCSessionDescription
+from aiortc import RTCPeerConnection, RTCRtpSender, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamTrack
 from aiortc.rtcdatachannel import RTCDataChannel
 
@@ -133,20 +133,30 @@ async def publish(
     join_clock: bool = True,
     clock_ns: Callable[[], int] = time.time_ns,
     ice_addresses: tuple[str, ...] = (),
+    video_codec: str | None = None,
 ) -> WhipSession:
     """Offer ``tracks`` to a WHIP endpoint and return the established session.
 
     ``capture_start_ns`` (on ``clock_ns``'s clock): the capture instant of pts 0 of every track;
     when given, packets carry abs-capture-time. ``join_clock`` opens the ``sync`` channel and
     joins the house clock with ``clock_ns`` as this publisher's clock. ``ice_addresses``: host
-    addresses to gather on besides aioice's own (it skips loopback).
+    addresses to gather on besides aioice's own (it skips loopback). ``video_codec`` (e.g.
+    ``h264``): offer only that video codec (and RTX) instead of aiortc's preference order.
     """
     if capture_start_ns is not None:
         for kind in ("audio", "video"):
             adapter.negotiate_header_extension(kind, ABS_CAPTURE_TIME)
     pc = RTCPeerConnection()
-    senders = [(track.kind, pc.addTransceiver(track, direction="sendonly").sender)
-               for track in tracks]
+    senders = []
+    for track in tracks:
+        transceiver = pc.addTransceiver(track, direction="sendonly")
+        if track.kind == "video" and video_codec is not None:
+            wanted = (f"video/{video_codec.lower()}", "video/rtx")
+            transceiver.setCodecPreferences([
+                c for c in RTCRtpSender.getCapabilities("video").codecs
+                if c.mimeType.lower() in wanted
+            ])
+        senders.append((track.kind, transceiver.sender))
     channel = pc.createDataChannel("sync", ordered=False, maxRetransmits=0) if join_clock else None
     if ice_addresses:
         adapter.install_ice(pc, ice_addresses, None)
