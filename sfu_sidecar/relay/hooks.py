@@ -23,9 +23,10 @@ How to use it::
     relay.add_observer(SyncFeed())
 
 * :class:`PacketInfo` carries the publisher's original RTP timestamp, marker and keyframe flags,
-  the arrival time (house time, from the relay's ``now_ns``) and every header extension the
-  publisher sent, raw, keyed by URI (abs-capture-time arrives here when negotiated; the relay
-  negotiates it with publishers and viewers by default, see ``RelayService``).
+  the payload as sent (the live segments rebuild frames from it), the arrival time (house time,
+  from the relay's ``now_ns``) and every header extension the publisher sent, raw, keyed by URI
+  (abs-capture-time arrives here when negotiated; the relay negotiates it with publishers and
+  viewers by default, see ``RelayService``).
 * A packet observer is called as ``observer(packet, viewer_timestamp)`` once per packet that
   viewer is sent; ``viewer_timestamp`` is the RTP timestamp that viewer receives.
 * ``sender_report_rewriter(default)`` is called about once a second per viewer track with the
