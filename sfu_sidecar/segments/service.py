@@ -104,6 +104,11 @@ class SegmentService(RelayObserver):
                 request_keyframe=lambda: self.relay.request_keyframe(stream, "video"),
                 log=log,
             )
+            # The container follows the video codec; known before the first packet when the
+            # publisher has negotiated, so the index names it from the first request.
+            video = self.relay.streams.by_name[stream].codecs.get("video")
+            if video is not None and video.name.lower() == "h264":
+                segmenter.video_codec = "h264"
             live = self.live[stream] = _Live(segmenter, now)
             log.info("stream %s: live segments started", stream)
             # A segment can only start on a keyframe: ask now rather than wait for the next.

@@ -12,6 +12,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from sfu_sidecar.app import SERVICES_KEY, Components, build_app
 from sfu_sidecar.config import load_settings
+from sfu_sidecar.relay.sdp import CodecInfo
 from tests.conftest import IN_PROCESS
 
 Client = TestClient[web.Request, web.Application]
@@ -71,3 +72,16 @@ async def test_lazy_start_and_idle_stop(app_client: tuple[Client, Components]) -
     segments.live["s"].last_read_ns -= 6_000_000_000
     segments.sweep()
     assert "s" not in segments.live
+
+
+async def test_an_h264_stream_is_indexed_as_mp4_from_the_first_request(
+    app_client: tuple[Client, Components]
+) -> None:
+    client, components = app_client
+    assert components.relay is not None
+    components.relay.streams.get_or_create("avc").forwarder(
+        "video", CodecInfo(102, "h264", 90000, None, {}))
+    body = await (await client.get("/streams/avc/media/index.json", headers=AUTH)).json()
+    assert body["container"] == "mp4"
+    resp = await client.get("/streams/avc/media/init.webm", headers=AUTH)
+    assert resp.status == 404 and "init.mp4" in (await resp.json())["error"]
