@@ -239,7 +239,7 @@ class RedisCueStore:
         try:
             body = json.dumps(request, ensure_ascii=False)
             reply = json.loads(await self._write_script(args=[PREFIX, body, LOG_MAXLEN]))
-        except RedisError as exc:
+        except (RedisError, OSError) as exc:  # OSError: a socket the client did not wrap
             raise StorageUnavailable(
                 f"caption storage (Redis at {self.where}) cannot write now ({exc}); nothing "
                 "from this request was acknowledged, earlier acknowledged cues are kept; "
@@ -275,7 +275,7 @@ class RedisCueStore:
             body: str | None = await self._redis.hget(  # type: ignore[misc]
                 f"{PREFIX}chunks:{stream}", f"{lang}\x1f{n}"
             )
-        except RedisError:
+        except (RedisError, OSError):
             # Without Redis the chunk is rendered from memory; storing it then fails with the
             # 503 the write path gives.
             return None

@@ -98,6 +98,8 @@ class Node:
         assert out is not None
         for line in out:
             self.lines.append(line.decode(errors="replace"))
+            with open(f"/tmp/node-{self.base[-5:]}.log", "a") as f:
+                f.write(line.decode(errors="replace"))
 
     def wait_ready(self) -> None:
         import urllib.request
@@ -306,6 +308,8 @@ async def test_three_nodes_share_captions_survive_a_node_kill_and_a_redis_restar
 
             # 1b. The first cues of a new stream posted at all three nodes at once: one epoch
             # wins in Redis, and each node converts its house times against that one.
+            # Each cue outlasts the latest start, so it is served whichever node's epoch wins
+            # (a cue that ends before its stream's epoch is refused, on one node as on three).
             now = time.time_ns()
             starts = {n.base: now + k * 700_000_000 for k, n in enumerate(nodes)}
 
@@ -315,7 +319,7 @@ async def test_three_nodes_share_captions_survive_a_node_kill_and_a_redis_restar
                     f"{node.base}/api/streams/race/captions",
                     json={"timebase": "house_ns", "lang": "en",
                           "cues": [{"id": node.base[-5:], "start": start,
-                                    "end": start + 1_000_000_000, "text": "race"}]},
+                                    "end": start + 3_000_000_000, "text": "race"}]},
                 ) as resp:
                     assert resp.status == 200, await resp.text()
                     answer: dict[str, Any] = await resp.json()
@@ -396,6 +400,12 @@ async def test_three_nodes_share_captions_survive_a_node_kill_and_a_redis_restar
         finally:
             await viewer.close()
             await publisher.close()
+    except BaseException:
+        # What the nodes logged about the failure (an unhandled error's traceback above all).
+        for node in nodes:
+            faults = [line for line in node.lines if "unhandled" in line or line[:1] in " T"]
+            print(f"--- node {node.base}: {''.join(faults[-60:])}")
+        raise
     finally:
         for node in nodes:
             node.stop()
