@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import ipaddress
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,11 +37,12 @@ from sfu_sidecar.relay.sdp import FORWARDABLE, CodecInfo
 from sfu_sidecar.relay.session import StreamSlot, ViewerSink
 from sfu_sidecar.relay.tap import (
     RETRY_AFTER_S,
-    STREAM_NAME,
     Address,
     UdpEndpoint,
+    check_address,
     check_int,
     check_keys,
+    check_stream,
     is_rtcp,
 )
 
@@ -105,20 +105,13 @@ def parse_feed_request(body: Any) -> FeedRequest:
     if not isinstance(body, dict):
         raise BadInput("body must be a JSON object")
     check_keys(body, ("stream", "host", "media", "extensions"), "feed")
-    stream = body.get("stream")
-    if not isinstance(stream, str) or STREAM_NAME.fullmatch(stream) is None:
-        raise BadInput("stream must be 1-128 characters of A-Z a-z 0-9 _ . ~ -")
+    stream = check_stream(body.get("stream"))
     host = body.get("host")
     if not isinstance(host, str):
         raise BadInput("host must be the receiver's IP address")
-    try:
-        address = ipaddress.ip_address(host)
-    except ValueError:
-        # No name resolution: a name would block the event loop, and its answer may change.
-        raise BadInput(f"host {host[:64]!r} is not an IP address") from None
+    address = check_address(host, "host")
     if address.is_unspecified or address.is_multicast:
         raise BadInput(f"host {host} is not a unicast address")
-    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
     items = body.get("media")
     if not isinstance(items, list) or not 1 <= len(items) <= len(FORWARDABLE):
         raise BadInput("media must be a list of one audio and/or one video destination")
@@ -129,7 +122,7 @@ def parse_feed_request(body: Any) -> FeedRequest:
     extensions = body.get("extensions", False)
     if not isinstance(extensions, bool):
         raise BadInput("extensions must be true or false")
-    return FeedRequest(stream, str(mapped or address), media, extensions)
+    return FeedRequest(stream, str(address), media, extensions)
 
 
 class FeedSession(ViewerSink):

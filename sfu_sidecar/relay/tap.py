@@ -83,6 +83,24 @@ def check_int(value: Any, what: str, low: int, high: int) -> int:
     return value
 
 
+def check_stream(value: Any) -> str:
+    if not isinstance(value, str) or STREAM_NAME.fullmatch(value) is None:
+        raise BadInput("stream must be 1-128 characters of A-Z a-z 0-9 _ . ~ -")
+    return value
+
+
+def check_address(value: str, what: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """An IP address, never a name (resolving one would block the event loop, and its answer
+    may change). An IPv4 peer of a dual-stack socket shows as ::ffff:a.b.c.d: it is returned
+    as the IPv4 address, so the two forms compare equal."""
+    try:
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        raise BadInput(f"{what} {value[:64]!r} is not an IP address") from None
+    mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
+    return mapped or address
+
+
 def check_keys(item: dict[str, Any], allowed: tuple[str, ...], what: str) -> None:
     unknown = sorted(set(item) - set(allowed))
     if unknown:
@@ -144,9 +162,7 @@ def parse_tap_request(body: Any) -> TapRequest:
     if not isinstance(body, dict):
         raise BadInput("body must be a JSON object")
     check_keys(body, ("stream", "media", "source"), "tap")
-    stream = body.get("stream")
-    if not isinstance(stream, str) or STREAM_NAME.fullmatch(stream) is None:
-        raise BadInput("stream must be 1-128 characters of A-Z a-z 0-9 _ . ~ -")
+    stream = check_stream(body.get("stream"))
     items = body.get("media")
     if not isinstance(items, list) or not 1 <= len(items) <= len(FORWARDABLE):
         raise BadInput("media must be a list of one audio and/or one video description")
@@ -161,13 +177,7 @@ def parse_tap_request(body: Any) -> TapRequest:
     if source is not None:
         if not isinstance(source, str):
             raise BadInput("source must be an IP address")
-        try:
-            address = ipaddress.ip_address(source)
-        except ValueError:
-            raise BadInput(f"source {source[:64]!r} is not an IP address") from None
-        # An IPv4 sender reaching a dual-stack socket shows as ::ffff:a.b.c.d; compare as v4.
-        mapped = address.ipv4_mapped if isinstance(address, ipaddress.IPv6Address) else None
-        source = str(mapped or address)
+        source = str(check_address(source, "source"))
     return TapRequest(stream, media, source)
 
 
