@@ -38,7 +38,10 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         return found
 
     async def index(request: web.Request) -> web.Response:
-        return json_ok(segmenter(request).index(), headers={"Cache-Control": NO_CACHE})
+        seg = segmenter(request)
+        # The epoch maps stream time back to house time (a frame's capture time).
+        doc = seg.index() | {"epoch_ns": service.captions.epoch(seg.stream)}
+        return json_ok(doc, headers={"Cache-Control": NO_CACHE})
 
     async def init(request: web.Request) -> web.Response:
         seg = segmenter(request)

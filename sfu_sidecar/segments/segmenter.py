@@ -10,6 +10,13 @@ bounded by the window plus one open segment.
 
 Stream time is capture time on the house clock minus the stream epoch, so a frame's pts in the
 container and a caption's time are on one timeline.
+
+Where that timeline really breaks (video capture times jumping ahead by more than
+:data:`DISCONTINUITY_US`: the publisher gone and back, or its clock stepping), the open segment
+closes at its last frame and the next one, opened on the next keyframe, is marked as a
+discontinuity, which the HLS playlist states and the product's player resyncs on. Every segment
+also carries a media sequence number (RFC 8216 4.3.3.2) and discontinuity sequence number
+(4.3.3.3), counted from the segmenter's start.
 """
 
 from __future__ import annotations
@@ -27,23 +34,33 @@ __all__ = ["MAX_OPEN_BYTES", "Segment", "StreamSegmenter"]
 
 MAX_OPEN_BYTES = 32 * 1024 * 1024
 KEYFRAME_RETRY_US = 500_000  # the relay's own throttle interval for keyframe requests
+# A jump of video capture times past this is a break in the timeline, not a late frame.
+DISCONTINUITY_US = 800_000
 VIDEO, AUDIO = 0, 1
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
-    """A closed segment: immutable once made; ``number`` is its start in stream ms."""
+    """A closed segment: immutable once made; ``number`` is its start in stream ms,
+    ``sequence`` its media sequence number and ``discontinuity_sequence`` the number of
+    discontinuities up to and including it; ``init`` counts init segments, so a segment names
+    the one it needs."""
 
     number: int
     start_us: int
     duration_us: int
     keyframe: bool
     data: bytes
+    sequence: int = 0
+    discontinuity: bool = False
+    discontinuity_sequence: int = 0
+    init: int = 0
 
 
 @dataclass
 class _Open:
     start_us: int
+    discontinuity: bool = False
     samples: list[Sample] = field(default_factory=list)
     size: int = 0
     asked_us: int | None = None  # stream time of the last keyframe request
@@ -71,6 +88,12 @@ class StreamSegmenter:
         self.audio: TrackSpec | None = None
         self.dropped = 0  # frames not muxed: out of order, before the epoch, oversize segment
         self.mux_errors = 0
+        self.discontinuities = 0
+        self.inits = 0  # init segments made; a new one follows a change of track parameters
+        self._sequence = 0
+        self._break = False  # the next segment starts after a break in the timeline
+        self._last_video_step_us = 0
+        self._asked_gap_us: int | None = None
         self._open: _Open | None = None
         self._last_pts: dict[int, int] = {}
         self._request_keyframe = request_keyframe
@@ -117,6 +140,11 @@ class StreamSegmenter:
                 return
             self.video = TrackSpec("video", self.video_codec, frame.width, frame.height)
             self._video_string = self._codec_string(frame)
+        last = self._last_pts.get(VIDEO)
+        if last is not None and stream_us - last > DISCONTINUITY_US:
+            self._timeline_break(last, stream_us)
+        elif last is not None:
+            self._last_video_step_us = stream_us - last
         current = self._open
         resized = frame.keyframe and frame.width and (
             (frame.width, frame.height) != (self.video.width, self.video.height))
@@ -126,9 +154,12 @@ class StreamSegmenter:
                 self._close(current, stream_us)
             if resized:
                 self._resize(frame)
-            self._open = current = _Open(stream_us)
+            self._open = current = _Open(stream_us, self._break)
+            self._break = False
         if current is None:
             self.dropped += 1
+            self._last_pts[VIDEO] = stream_us  # a gap is measured from the frames that came
+            self._ask_keyframe_once(stream_us)
             return
         if (not frame.keyframe and stream_us - current.start_us >= self.target_us
                 and (current.asked_us is None
@@ -137,6 +168,25 @@ class StreamSegmenter:
             current.asked_us = stream_us
             self._request_keyframe()
         self._add(Sample(VIDEO, stream_us, frame.data, frame.keyframe))
+
+    def _timeline_break(self, last_us: int, stream_us: int) -> None:
+        """Video jumped ahead past :data:`DISCONTINUITY_US`: the open segment ends one frame
+        after its last one (not at the far side of the gap), and the next starts anew."""
+        self._log.info("stream %s: timeline break of %.3f s, discontinuity", self.stream,
+                       (stream_us - last_us) / 1e6)
+        current = self._open
+        if current is not None:
+            self._close(current, last_us + max(self._last_video_step_us, 1000))
+            self._open = None
+        self._break = True
+        self._asked_gap_us = None
+
+    def _ask_keyframe_once(self, stream_us: int) -> None:
+        """Waiting for a keyframe with no open segment (after a break): ask, throttled."""
+        asked = self._asked_gap_us
+        if asked is None or stream_us - asked >= KEYFRAME_RETRY_US:
+            self._asked_gap_us = stream_us
+            self._request_keyframe()
 
     def _resize(self, frame: Frame) -> None:
         """New dimensions (a publisher's resolution change): the old init segment no longer
@@ -148,6 +198,7 @@ class StreamSegmenter:
         self._video_string = self._codec_string(frame)
         self.init = None
         self.segments.clear()
+        self._break = True  # a player appends the new init segment before the next one
 
     def _add(self, sample: Sample) -> None:
         current = self._open
@@ -183,22 +234,29 @@ class StreamSegmenter:
             self.mux_errors += 1
             self._log.warning("stream %s: segment not muxed: %s", self.stream, e)
             return
-        if self.init is None:
+        discontinuity = current.discontinuity
+        if header != self.init:
+            if self.init is not None:
+                # Same tracks, other parameters (a new publisher's encoder, say): the old init
+                # no longer describes the segments, and only the newest is served, so the
+                # segments made for the old one go with it.
+                self._log.info("stream %s: codec parameters changed, new init segment",
+                               self.stream)
+                self.segments.clear()
+                discontinuity = True
             self.init = header
-        elif header != self.init:
-            # Same tracks, same header: anything else means the parameters changed, which a
-            # player holding the old init cannot follow; counted and logged, not served.
-            self.mux_errors += 1
-            self._log.warning("stream %s: segment header differs from the init segment",
-                              self.stream)
-            return
+            self.inits += 1
+        if discontinuity:
+            self.discontinuities += 1
         # Numbered by start in stream milliseconds, not by count: a segmenter started again
         # (after an idle stop or a restart; the epoch is durable) never reuses a number for
         # other bytes, which immutable caching of closed segments relies on. Segments last at
         # least the target duration, so the numbers are distinct and rising.
         self.segments.append(Segment(
             current.start_us // 1000, current.start_us, end_us - current.start_us, True, body,
+            self._sequence, discontinuity, self.discontinuities, self.inits,
         ))
+        self._sequence += 1
 
     def find(self, number: int) -> Segment | None:
         for segment in self.segments:
@@ -206,20 +264,28 @@ class StreamSegmenter:
                 return segment
         return None
 
+    def init_url(self) -> str:
+        """The init segment's URL relative to the media folder; versioned, so a player (or
+        cache) holding an older one fetches the new one after a change."""
+        return f"init.{self.extensions[0]}?v={self.inits}"
+
     def index(self) -> dict[str, Any]:
-        init_ext, media_ext = self.extensions
+        media_ext = self.extensions[1]
         return {
             "stream": self.stream,
             "container": self.container,
             "codecs": self.codecs,
-            "init": f"init.{init_ext}" if self.init is not None else None,
+            "init": self.init_url() if self.init is not None else None,
             "target_duration_s": self.target_us / 1e6,
             "segments": [
                 {
                     "number": s.number,
+                    "sequence": s.sequence,
                     "start_s": s.start_us / 1e6,
                     "duration_s": s.duration_us / 1e6,
                     "keyframe": s.keyframe,
+                    "discontinuity": s.discontinuity,
+                    "init": s.init,
                     "url": f"{s.number}.{media_ext}",
                 }
                 for s in self.segments

@@ -89,6 +89,10 @@ async def test_segments_on_the_stream_timeline(
             assert video_string.startswith("vp8" if codec == "vp8" else "avc1.")
             assert index["codecs"] == [video_string, "opus"]
             assert index["container"] == container
+            assert index["epoch_ns"] == captions.epoch("seg")
+            assert index["init"] == f"init.{init_ext}?v=1"
+            assert [s["sequence"] for s in index["segments"]] == list(
+                range(len(index["segments"])))
             init, init_cache = await _bytes(http, f"{media}/init.{init_ext}")
             assert init_cache == "no-cache"
             listed = index["segments"][:SEGMENTS]

@@ -176,6 +176,57 @@ def test_resolution_change_starts_over_with_a_new_init() -> None:
     assert [s.number for s in seg.segments] == [3000]  # the old window went with the old init
 
 
+def test_a_gap_in_capture_times_is_one_discontinuity(tmp_path: Path) -> None:
+    asked: list[int] = []
+    seg = _segmenter(asked=asked)
+    video = _vp8_frames(150, gop=15)
+    _run(seg, video[:75], 0)  # 2.5 s; then the publisher is gone for 1 s
+    before = list(seg.segments)
+    assert [s.discontinuity for s in before] == [False, False]
+    # It comes back mid-GOP (no keyframe first): frames wait for one, which is asked for.
+    asked.clear()
+    for i, (data, key) in enumerate(video[80:], start=80):
+        w, h = _vp8_dims(data) if key else (0, 0)
+        seg.push("video", Frame(i, data, key, w, h), 3_500_000 + (i - 75) * 1_000_000 // FPS)
+    assert asked, "no keyframe asked for after the break"
+    after = list(seg.segments)
+    # The segment open at the break closed one frame after its last frame, not at the gap's end.
+    closed = after[2]
+    assert closed.start_us == 2_000_137 and not closed.discontinuity
+    last_frame_us = 74 * 1_000_000 // FPS + 137
+    assert abs(closed.start_us + closed.duration_us - (last_frame_us + 1_000_000 // FPS)) <= 1
+    resumed = after[3]
+    assert resumed.discontinuity and resumed.start_us >= 3_500_000
+    assert [s.discontinuity for s in after].count(True) == 1
+    assert [s.sequence for s in after] == list(range(len(after)))
+    assert [s.discontinuity_sequence for s in after] == [0, 0, 0] + [1] * (len(after) - 3)
+    assert {s.init for s in after} == {1}  # same parameters: the one init segment serves on
+    index = seg.index()
+    assert [s["discontinuity"] for s in index["segments"]] == [s.discontinuity for s in after]
+    # Both sides of the break on one timeline: each frame's pts is the time it was pushed.
+    path = tmp_path / "all.webm"
+    _write(seg, path)
+    pts = [round(float(p["pts_time"]) * 1e6) for p in packets_by_kind(ffprobe(path), "video")]
+    assert any(p < 2_500_000 for p in pts) and any(p > 3_500_000 for p in pts)
+    assert not [p for p in pts if 2_500_000 < p < 3_500_000]
+
+
+def test_new_codec_parameters_make_a_new_init_and_a_discontinuity() -> None:
+    seg = _segmenter()
+    seg.video_codec = "h264"
+    first = _h264_frames(60, gop=15)
+    for i, (data, key) in enumerate(first):
+        seg.push("video", _h264_frame(i, data, key), 137 + i * 1_000_000 // FPS)
+    assert seg.inits == 1 and len(seg.segments) == 1
+    # Another encoder at the same size (a new publisher): other parameter sets, same tracks.
+    second = _h264_frames(60, gop=15, profile="main")
+    for i, (data, key) in enumerate(second):
+        seg.push("video", _h264_frame(i, data, key), 2_000_137 + i * 1_000_000 // FPS)
+    assert seg.inits == 2
+    assert [(s.init, s.discontinuity) for s in seg.segments] == [(2, True)]
+    assert seg.index()["init"] == "init.mp4?v=2"
+
+
 @pytest.mark.parametrize("bad_us", [-5, 100])
 def test_frames_before_the_epoch_or_out_of_order_are_dropped(bad_us: int) -> None:
     seg = _segmenter()
@@ -186,13 +237,13 @@ def test_frames_before_the_epoch_or_out_of_order_are_dropped(bad_us: int) -> Non
     assert seg.dropped == 1
 
 
-def _h264_frames(count: int, gop: int) -> list[tuple[bytes, bool]]:
+def _h264_frames(count: int, gop: int, profile: str = "baseline") -> list[tuple[bytes, bool]]:
     """libx264 access units, length-prefixed as the H.264 depacketizer gives them."""
     enc = av.CodecContext.create("libx264", "w")
     enc.width, enc.height, enc.pix_fmt = 320, 240, "yuv420p"
     enc.time_base = fractions.Fraction(1, FPS)
     enc.options = {"tune": "zerolatency", "g": str(gop), "keyint_min": str(gop), "bf": "0",
-                   "sc_threshold": "0"}
+                   "sc_threshold": "0", "profile": profile}
     out = []
     for i in range(count):
         frame = av.VideoFrame(320, 240, "yuv420p")
@@ -205,6 +256,12 @@ def _h264_frames(count: int, gop: int) -> list[tuple[bytes, bool]]:
             data = b"".join(len(n).to_bytes(4, "big") + n for n in nals)
             out.append((data, bool(p.is_keyframe)))
     return out
+
+
+def _h264_frame(i: int, data: bytes, key: bool) -> Frame:
+    sps = next(n for n in nal_units(data) if n[0] & 0x1F == 7) if key else b""
+    w, h = sps_dimensions(sps) if key else (0, 0)
+    return Frame(i, data, key, w, h)
 
 
 def test_h264_opus_in_fragmented_mp4(tmp_path: Path) -> None:
