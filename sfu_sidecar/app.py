@@ -146,6 +146,10 @@ async def _index(request: web.Request) -> web.FileResponse:
     return web.FileResponse(WEB_DIR / "index.html")
 
 
+async def _publish(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(WEB_DIR / "publish.html")
+
+
 # Names the web folder serves: short, plain, no dot segments. Anything else is a JSON 404
 # before the file system is asked (a name past 255 bytes would make it raise).
 _SEGMENT = r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}"
@@ -193,6 +197,7 @@ def build_app(settings: Settings, components: Components | None = None) -> web.A
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/metrics", _metrics)
     app.router.add_get("/", _index)
+    app.router.add_get("/publish", _publish)
     app.router.add_get(r"/{page:[a-z_-]+}.html", _page)
     for folder in ("js", "vendor"):
         if (WEB_DIR / folder).is_dir():

@@ -112,6 +112,20 @@ async def test_index_serves_the_web_client(client_and_journal) -> None:  # type:
     assert "<html" in (await resp.text()).lower()
 
 
+async def test_publish_serves_the_publisher_page_and_its_modules(client_and_journal) -> None:  # type: ignore[no-untyped-def]
+    client, _ = client_and_journal
+    resp = await client.get("/publish")
+    assert resp.status == 200
+    page = await resp.text()
+    assert '<script type="module" src="/js/publish.js">' in page
+    # Every module the page imports, directly or not, is served.
+    for module in ("publish.js", "whip.js", "ingest.js", "publishcore.js", "whep.js",
+                   "clocksync.js", "msgpack.js"):
+        js = await client.get(f"/js/{module}")
+        assert js.status == 200, module
+    assert (await client.get("/publish/x")).status == 404
+
+
 @pytest.mark.parametrize(("flags", "expected"), [
     ({}, "accepted only from this host"),
     ({"open_ingest": "true"}, "anyone who reaches port 8080 may publish"),

@@ -1,7 +1,7 @@
 // WHEP viewer transport (draft-ietf-wish-whep): one recvonly audio + video session and the
 // `sync` DataChannel. No DOM here; the page wires tracks and messages to the UI.
 
-async function gatheringComplete(pc, timeoutMs) {
+export async function gatheringComplete(pc, timeoutMs) {
   if (pc.iceGatheringState === "complete") return;
   await new Promise((resolve) => {
     const timer = setTimeout(resolve, timeoutMs); // send what we have rather than wait forever
@@ -35,12 +35,13 @@ export const ABS_CAPTURE_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/ab
 
 // Chromium lists abs-capture-time as "stopped" by default; asking for it makes the relay write
 // house capture times into every packet, which getSynchronizationSources() then reports.
-export function negotiateAbsCaptureTime(transceiver) {
+// A publisher asks with direction "sendonly": Chromium then stamps what it sends.
+export function negotiateAbsCaptureTime(transceiver, direction = "recvonly") {
   if (typeof transceiver.getHeaderExtensionsToNegotiate !== "function") return false;
   const exts = transceiver.getHeaderExtensionsToNegotiate();
   if (!exts.some((e) => e.uri === ABS_CAPTURE_TIME)) return false;
   transceiver.setHeaderExtensionsToNegotiate(
-    exts.map((e) => (e.uri === ABS_CAPTURE_TIME ? { uri: e.uri, direction: "recvonly" } : e)),
+    exts.map((e) => (e.uri === ABS_CAPTURE_TIME ? { uri: e.uri, direction } : e)),
   );
   return true;
 }

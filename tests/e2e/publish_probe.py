@@ -1,0 +1,273 @@
+"""The product's publisher page (/publish) in headless Chromium, checked from the server side.
+
+Run inside a network namespace that has only ``lo`` (see test_publish_chromium.py). The whole
+service (clock, captions, relay, sync) runs with a publish token on an event loop in a thread.
+Chromium opens ``/publish`` with its fake camera and microphone and:
+
+1. starts with a wrong token: the page must show the service's 401 reason, nothing published;
+2. for each codec (VP8, then H.264, each on its own stream): starts with the right token, an
+   aiortc WHEP viewer decodes what the relay forwards, a caption typed into the page's box is
+   sent (the test reads house time just before and after the click), then Stop.
+
+Prints one JSON line: what the page showed, and what the service saw at each step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+
+from sfu_sidecar.app import build_app, build_components
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.metrics import Metrics
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.relay.peers import frames, view
+
+TOKEN = "page-probe-token"
+CODECS = ("vp8", "h264")
+VIEW_FRAMES = 30  # a second of the fake camera's 30 fps
+AUDIO_FRAMES = 25  # half a second of 20 ms Opus frames
+PAGE_TIMEOUT_MS = 20_000
+
+T = TypeVar("T")
+
+
+class Service:
+    """The full service on its own event loop; the test reads house time off its clock."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
+                                  "data_dir": data_dir, "publish_token": TOKEN})
+        self.settings = settings
+        self.components = build_components(settings, Metrics())
+        assert self.components.clock is not None and self.components.relay is not None
+        self.clock = self.components.clock
+        self.relay = self.components.relay
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        self.runner = web.AppRunner(build_app(self.settings, self.components))
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    def house_ns(self) -> int:
+        # Read from the browser-driving thread: a clock read plus a never-decreasing guard,
+        # with the service's loop thread the only other reader.
+        return self.clock.now_ns()
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+
+    def get(self, path: str) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(self.base + path, timeout=5) as resp:
+                body = resp.read()
+                ctype = resp.headers.get("Content-Type", "")
+                return resp.status, json.loads(body) if "json" in ctype else body.decode()
+        except urllib.error.HTTPError as err:
+            return err.code, json.loads(err.read() or b"null")
+
+    def ended(self) -> dict[str, int]:
+        return {f"{role}:{reason}": n for (role, reason), n in self.relay.streams.ended.items()}
+
+    def stop(self) -> None:
+        self.run(self.runner.cleanup())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+def poll(check: Callable[[], T | None], limit_s: float, what: str) -> T:
+    deadline = time.monotonic() + limit_s
+    while True:
+        value = check()
+        if value is not None:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out after {limit_s} s waiting for {what}")
+        time.sleep(0.1)
+
+
+def publisher_sync(service: Service, stream: str, limit_s: float) -> dict[str, Any]:
+    """The stream's capture-time sources in /api/sync, once both kinds have one (or as they
+    stand after ``limit_s``: the test then says what is missing)."""
+    deadline = time.monotonic() + limit_s
+    while True:
+        publishers = service.get("/api/sync")[1]["publishers"]
+        tracks: dict[str, Any] = next(
+            (p["tracks"] for p in publishers if p["stream"] == stream), {})
+        done = all(tracks.get(k, {}).get("source") == "abs_capture_time"
+                   for k in ("audio", "video"))
+        if done or time.monotonic() > deadline:
+            return dict(tracks)
+        time.sleep(0.1)
+
+
+async def watch(base: str, stream: str) -> tuple[dict[str, Any], Any]:
+    """An aiortc WHEP viewer: decodes frames of each kind; returns what it saw and the peer."""
+    async with aiohttp.ClientSession() as http:
+        peer = await view(http, base, stream)
+    video = await frames(peer.tracks["video"], VIEW_FRAMES, 15)
+    audio = await frames(peer.tracks["audio"], AUDIO_FRAMES, 15)
+    out: dict[str, Any] = {
+        "video_frames": len(video), "width": video[-1].width, "height": video[-1].height,
+        "audio_frames": len(audio), "audio_rate": audio[-1].sample_rate,
+    }
+    for kind in ("video", "audio"):
+        pt, codec = answered_codec(peer.answer, kind)
+        out[f"{kind}_codec"] = codec
+        out[f"{kind}_packets"] = sum(1 for p in peer.received if p.payload_type == pt)
+    return out, peer
+
+
+def answered_codec(sdp: str, kind: str) -> tuple[int, str]:
+    """The payload type and codec name the relay's answer sends ``kind`` with (its first)."""
+    section = sdp.split(f"m={kind} ", 1)[1].split("\nm=", 1)[0]
+    pt = section.split(None, 3)[2]
+    for line in section.splitlines():
+        if line.startswith(f"a=rtpmap:{pt} "):
+            return int(pt), line.split()[1].split("/")[0].lower()
+    raise SystemExit(f"no rtpmap for {kind} payload type {pt} in the answer")
+
+
+def page_state(page: Any) -> dict[str, Any]:
+    state: dict[str, Any] = page.evaluate("() => JSON.parse(JSON.stringify(window.sfuPublisher,"
+                                          " (k, v) => typeof v === 'bigint' ? String(v) : v))")
+    state["status_text"] = page.text_content("#status")
+    state["state_text"] = page.text_content("#state")
+    return state
+
+
+def wrong_token(page: Any, service: Service) -> dict[str, Any]:
+    stream = "page-wrong"
+    page.goto(f"{service.base}/publish?stream={stream}&token=not-the-token")
+    page.click("#start")
+    page.wait_for_function("() => ['failed', 'publishing'].includes(window.sfuPublisher.state)",
+                           timeout=PAGE_TIMEOUT_MS)
+    out: dict[str, Any] = {"page": page_state(page)}
+    out["stream_status"] = service.get(f"/api/streams/{stream}")[0]
+    out["streams"] = service.get("/api/streams")[1]
+    return out
+
+
+def publish_one(page: Any, service: Service, codec: str) -> dict[str, Any]:
+    stream = f"page-{codec}"
+    out: dict[str, Any] = {"stream": stream}
+    page.goto(f"{service.base}/publish?stream={stream}&token={TOKEN}")
+    page.wait_for_function("() => window.sfuPublisher?.clock.state === 'joined'",
+                           timeout=PAGE_TIMEOUT_MS)
+    page.select_option("#codec", codec)
+    started = time.monotonic()
+    page.click("#start")
+    page.wait_for_function(
+        "() => window.sfuPublisher.connection === 'connected' || window.sfuPublisher.error",
+        timeout=PAGE_TIMEOUT_MS)
+    out["connect_s"] = round(time.monotonic() - started, 2)
+    out["page_connected"] = page_state(page)
+
+    # Server side: the stream is live and media of both kinds flows in with the chosen codec.
+    def flowing() -> dict[str, Any] | None:
+        status, body = service.get(f"/api/streams/{stream}")
+        if status != 200 or body["publisher"] is None:
+            return None
+        tracks = body["tracks"]
+        if any(tracks.get(k, {}).get("packets", 0) < 50 for k in ("video", "audio")):
+            return None
+        return dict(body)
+
+    out["stream_live"] = poll(flowing, 15, "video and audio packets at the relay")
+    out["viewer"], peer = service.run(watch(service.base, stream))
+    out["stream_viewed"] = service.get(f"/api/streams/{stream}")[1]
+    out["sync"] = publisher_sync(service, stream, 5)
+    page.wait_for_function("() => window.sfuPublisher.bitrate.video > 0", timeout=PAGE_TIMEOUT_MS)
+    out["page_publishing"] = page_state(page)
+    out["page_bitrate_text"] = page.text_content("#video-bitrate")
+
+    # A caption, sent the way a person would; house time read either side of the click.
+    text = f"caption on the {codec} stream"
+    page.fill("#caption-text", text)
+    before = service.house_ns()
+    page.click("#caption-send")
+    after = service.house_ns()
+    page.wait_for_function("() => window.sfuPublisher.lastReply !== null", timeout=PAGE_TIMEOUT_MS)
+    out["caption"] = {"text": text, "before_ns": before, "after_ns": after,
+                      "page": page_state(page), "reply_text": page.text_content("#caption-reply")}
+    status, feed = service.get(f"/api/streams/{stream}/captions?lang=en")
+    out["caption"]["feed"] = feed
+    cue = next((c for c in feed["cues"] if c["text"] == text), None) if status == 200 else None
+    if cue is not None:
+        chunk = int(cue["start"] // service.settings.caption_chunk_s)
+        out["caption"]["chunk"] = service.get(f"/captions/{stream}/en/chunk-{chunk}.vtt")
+
+    # Stop: the page DELETEs its WHIP resource; the viewer stays, so the stream stays listed.
+    ended_before = service.ended()
+    page.click("#stop")
+    page.wait_for_function("() => ['stopped', 'failed'].includes(window.sfuPublisher.state)",
+                           timeout=PAGE_TIMEOUT_MS)
+    out["page_stopped"] = page_state(page)
+
+    def unpublished() -> dict[str, Any] | None:
+        status, body = service.get(f"/api/streams/{stream}")
+        return dict(body) if status == 200 and body["publisher"] is None else None
+
+    out["stream_stopped"] = poll(unpublished, 10, "the publisher to leave")
+    out["ended"] = {k: v - ended_before.get(k, 0) for k, v in service.ended().items()
+                    if v != ended_before.get(k, 0)}
+    service.run(peer.close())
+    return out
+
+
+def main() -> None:
+    from playwright.sync_api import sync_playwright
+
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="sfu-sidecar-publish-") as data_dir:
+        service = Service(data_dir)
+        service.thread.start()
+        if not service.ready.wait(20):
+            raise SystemExit("service did not start")
+        BROWSER_LOCK.touch(exist_ok=True)
+        with BROWSER_LOCK.open("w") as lock:
+            waited = time.monotonic()
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            began = time.monotonic()
+            result["lock_wait_s"] = round(began - waited, 1)
+            with sync_playwright() as pw:
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+                try:
+                    page = browser.new_page()
+                    page.on("console", lambda m: print("page:", m.type, m.text, file=sys.stderr))
+                    page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
+                    result["wrong_token"] = wrong_token(page, service)
+                    for codec in CODECS:
+                        result[codec] = publish_one(page, service, codec)
+                finally:
+                    browser.close()
+            result["browser_s"] = round(time.monotonic() - began, 1)
+        service.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,135 @@
+"""The publisher page (/publish) in headless Chromium, judged by what the service receives.
+
+The probe (publish_probe.py) runs the whole service with a publish token and drives the page
+with Chromium's fake camera and microphone: a start with a wrong token, then one publication
+per video codec (VP8, H.264) watched by an aiortc WHEP viewer, a caption sent from the page's
+box, and Stop. Everything asserted here was read from the service (its status routes, the
+caption feed and chunks, the relay's record of how sessions ended) or from the viewer.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.netns]
+
+# The probe waits for the machine-wide browser lock, which other users may hold for a while.
+PROBE_TIMEOUT_S = 240
+CODECS = {"vp8": "video/VP8", "h264": "video/H264"}
+# The store keeps cue times in whole milliseconds of stream time.
+STORE_ROUNDING_NS = 500_000
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict[str, Any]:
+    # Only ``lo`` inside: Chromium can pair nothing but loopback candidates with the relay.
+    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.publish_probe"
+    proc = subprocess.run(
+        ["unshare", "-n", "sh", "-c", script],
+        cwd=ROOT, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_a_wrong_token_shows_the_services_401_reason_and_publishes_nothing(
+    probe: dict[str, Any],
+) -> None:
+    seen = probe["wrong_token"]
+    page = seen["page"]
+    assert page["state"] == "failed", page
+    assert page["status_text"] == "WHIP 401: wrong token for publishing", page
+    assert page["state_text"] == "not published"
+    assert seen["stream_status"] == 404, seen
+    assert seen["streams"] == {"streams": []}, seen
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_the_page_publishes_video_and_audio_with_the_chosen_codec(
+    probe: dict[str, Any], codec: str
+) -> None:
+    run = probe[codec]
+    assert run["page_connected"]["connection"] == "connected", run["page_connected"]
+    live = run["stream_live"]
+    assert live["publisher"]["state"] == "connected", live
+    sent = {t["kind"]: t for t in live["publisher"]["tracks"]}
+    assert sent["video"]["codec"] == codec and sent["audio"]["codec"] == "opus", sent
+    assert live["tracks"]["video"]["codec"] == codec
+    assert live["tracks"]["video"]["packets"] >= 50 and live["tracks"]["audio"]["packets"] >= 50
+    assert live["tracks"]["video"]["keyframes"] >= 1, live
+
+    # A real viewer decoded what the relay forwarded, in the publisher's codec.
+    viewer = run["viewer"]
+    assert viewer["video_codec"] == codec and viewer["audio_codec"] == "opus", viewer
+    assert viewer["video_frames"] == 30 and (viewer["width"], viewer["height"]) == (640, 360)
+    assert viewer["audio_frames"] == 25 and viewer["audio_rate"] == 48000
+    assert viewer["video_packets"] > 0 and viewer["audio_packets"] > 0, viewer
+    relayed = run["stream_viewed"]["viewers"][0]["tracks"]
+    assert all(t["packets_sent"] > 0 for t in relayed), relayed
+
+    # The page reports what it sends: the codec and a bitrate from outbound-rtp bytesSent.
+    page = run["page_publishing"]
+    assert page["codecs"] == {"video": CODECS[codec], "audio": "audio/opus"}, page
+    assert page["bitrate"]["video"] > 10_000 and page["bitrate"]["audio"] > 5_000, page
+    assert run["page_bitrate_text"].endswith("bit/s"), run["page_bitrate_text"]
+
+    # Chromium stamps what the page sends; the relay maps capture times from the stamps, with
+    # the browser's clock offset estimated (the page reports none on its media connection).
+    assert page["stampsCaptureTime"] is True, page
+    for kind in ("audio", "video"):
+        assert run["sync"][kind]["source"] == "abs_capture_time", run["sync"]
+        assert run["sync"][kind]["estimated"] is True, run["sync"]
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_a_caption_from_the_box_starts_at_the_house_time_it_was_sent(
+    probe: dict[str, Any], codec: str
+) -> None:
+    caption = probe[codec]["caption"]
+    reply = caption["page"]["lastReply"]
+    assert reply["status"] == 200, reply
+    assert caption["reply_text"].startswith("ok: cue page-"), caption["reply_text"]
+    feed = caption["feed"]
+    cues = [c for c in feed["cues"] if c["text"] == caption["text"]]
+    assert len(cues) == 1, feed
+    cue = cues[0]
+    assert cue["end"] - cue["start"] == pytest.approx(2.0, abs=1e-9)  # the default duration
+    stored_ns = feed["epoch_ns"] + round(cue["start"] * 1000) * 1_000_000
+    page_ns = int(caption["page"]["lastCue"]["startNs"])
+    assert abs(stored_ns - page_ns) <= STORE_ROUNDING_NS, (stored_ns, page_ns)
+
+    # The test read house time just before and after the click; the cue starts between the
+    # two, give or take the page's own clock-join error and the store's rounding.
+    clock = caption["page"]["clock"]
+    tolerance = int(clock["errorNs"]) + STORE_ROUNDING_NS
+    before, after = caption["before_ns"], caption["after_ns"]
+    print(f"\n{codec}: click took {(after - before) / 1e6:.1f} ms; cue starts "
+          f"{(stored_ns - before) / 1e6:.1f} ms after it began; page clock join "
+          f"offset {int(clock['offsetNs']) / 1e6:.3f} ms ± {int(clock['errorNs']) / 1e6:.3f} ms")
+    assert before - tolerance <= stored_ns <= after + tolerance, (before, stored_ns, after)
+    assert after - before < 1_000_000_000, "the click took over a second: nothing was measured"
+
+    status, vtt = caption["chunk"]
+    assert status == 200
+    assert cue["id"] in vtt and caption["text"] in vtt, vtt
+
+
+@pytest.mark.parametrize("codec", list(CODECS))
+def test_stop_deletes_the_whip_session(probe: dict[str, Any], codec: str) -> None:
+    run = probe[codec]
+    page = run["page_stopped"]
+    assert page["state"] == "stopped" and page["deleteStatus"] == 200, page
+    assert page["state_text"] == "not published"
+    # The viewer keeps the stream listed; its publisher is gone, ended by the DELETE (not by
+    # its transport closing, which the relay records as "disconnected").
+    assert run["stream_stopped"]["publisher"] is None, run["stream_stopped"]
+    assert run["stream_stopped"]["publishers_seen"] == 1
+    assert run["ended"] == {"publisher:deleted": 1}, run["ended"]
