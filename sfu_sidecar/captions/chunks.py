@@ -124,9 +124,13 @@ def render_chunk(track: Track, n: int, chunk_ms: int, epoch_ns: int) -> bytes:
 
 def program_date_time(epoch_ns: int, stream_ms: int) -> str:
     """RFC 8216 4.3.2.6 date-time (ISO 8601 with milliseconds) of a stream time."""
-    ns = epoch_ns + stream_ms * 1_000_000
-    dt = datetime.fromtimestamp(ns // 1_000_000_000, tz=UTC)
-    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{(ns // 1_000_000) % 1000:03d}Z"
+    return house_date_time(epoch_ns + stream_ms * 1_000_000)
+
+
+def house_date_time(house_ns: int) -> str:
+    """RFC 8216 4.3.2.6 date-time of a house time in ns, cut to the millisecond (UTC)."""
+    dt = datetime.fromtimestamp(house_ns // 1_000_000_000, tz=UTC)
+    return dt.strftime("%Y-%m-%dT%H:%M:%S") + f".{(house_ns // 1_000_000) % 1000:03d}Z"
 
 
 def last_closed_chunk(now_ms: int, chunk_ms: int, grace_ms: int = CLOSE_GRACE_MS) -> int:

@@ -1,20 +1,24 @@
 """HTTP routes of the live segments: init segment, media segments, JSON index, per stream.
 
 ``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8), or
-``.../init.mp4`` and ``.../{n}.m4s`` (H.264). The first
+``.../init.mp4`` and ``.../{n}.m4s`` (H.264), and for H.264 the HLS playlists
+``.../master.m3u8`` and ``.../media.m3u8``. The first
 request for a stream starts its segmenting (see :class:`SegmentService`). Closed segments never
-change, so they are served as immutable; the index and init segment are not cached, as a new
-segmenter (after an idle stop) starts over with its own numbering. The view token guards these
-routes as it guards WHEP viewing.
+change, so they are served as immutable; the index, playlists and init segment are not cached,
+as a new segmenter (after an idle stop) starts over with its own numbering. The view token
+guards these routes as it guards WHEP viewing.
 """
 
 from __future__ import annotations
+
+import math
 
 from aiohttp import web
 
 from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import json_ok, require_bearer
 from sfu_sidecar.relay.routes import STREAM_PATTERN
+from sfu_sidecar.segments import hls
 from sfu_sidecar.segments.segmenter import StreamSegmenter
 from sfu_sidecar.segments.service import SegmentService
 
@@ -67,6 +71,50 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         return web.Response(body=found.data, content_type=CONTENT_TYPES[seg.container],
                             headers={"Cache-Control": IMMUTABLE})
 
+    def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
+        """The segmenter of an H.264 stream with a closed segment, and the stream epoch."""
+        seg = segmenter(request)
+        # The first keyframe fixes the codec; before it, the publisher's negotiated one tells.
+        codec: str | None = seg.video_codec if seg.video is not None else None
+        relay_stream = service.relay.streams.by_name.get(seg.stream)
+        if codec is None and relay_stream is not None and "video" in relay_stream.codecs:
+            codec = relay_stream.codecs["video"].name.lower()
+        if codec is not None and codec != "h264":
+            # 404, not 415 or 406: those answer a request's own body or Accept header, and
+            # here the resource itself does not exist for this stream.
+            raise NotFound(f"stream {seg.stream} has {codec.upper()} video; HLS carries "
+                           "fragmented MP4 (H.264 publishers), and VP8 streams are WebM: "
+                           "read them through index.json")
+        epoch = service.captions.epoch(seg.stream)
+        if seg.init is None or not seg.segments or epoch is None:
+            wait_s = max(1, math.ceil(service.settings.segment_duration_s))
+            raise NotFound(f"stream {seg.stream} has no closed segment yet (waiting for a "
+                           "keyframe on the stream timeline)",
+                           headers={"Retry-After": str(wait_s)})
+        return seg, epoch
+
+    def playlist(text: str) -> web.Response:
+        # RFC 8216 6.2.1: a live playlist changes every target duration.
+        return web.Response(body=text.encode(), content_type=hls.CONTENT_TYPE,
+                            headers={"Cache-Control": NO_CACHE})
+
+    async def media_playlist(request: web.Request) -> web.Response:
+        seg, epoch = hls_segmenter(request)
+        return playlist(hls.media_playlist(list(seg.segments), init_url=seg.init_url(),
+                                           epoch_ns=epoch, media_ext=seg.extensions[1]))
+
+    async def master_playlist(request: web.Request) -> web.Response:
+        seg, _ = hls_segmenter(request)
+        video = seg.video
+        # The frame rate is not measured by the segmenter, so FRAME-RATE (optional) is left out.
+        return playlist(hls.master_playlist(
+            list(seg.segments), stream=seg.stream, codecs=seg.codecs,
+            resolution=(video.width, video.height) if video is not None else None,
+            languages=service.captions.languages(seg.stream),
+        ))
+
     app.router.add_get(f"{base}/index.json", index)
+    app.router.add_get(f"{base}/master.m3u8", master_playlist)
+    app.router.add_get(f"{base}/media.m3u8", media_playlist)
     app.router.add_get(f"{base}/init.{{ext:webm|mp4}}", init)
     app.router.add_get(f"{base}/{{n:[0-9]{{1,15}}}}.{{ext:webm|m4s}}", media)

@@ -1,8 +1,12 @@
-"""The segment routes without media: JSON 404s with reasons, the view token, lazy start on the
-first request and the idle stop."""
+"""The segment routes: JSON 404s with reasons, the view token, lazy start on the first request
+and the idle stop; the HLS playlists of segments made from real H.264 and Opus, read back by
+ffprobe over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +17,10 @@ from aiohttp.test_utils import TestClient, TestServer
 from sfu_sidecar.app import SERVICES_KEY, Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.relay.sdp import CodecInfo
+from sfu_sidecar.segments.depacketize import Frame
+from sfu_sidecar.segments.segmenter import StreamSegmenter
 from tests.conftest import IN_PROCESS
+from tests.segments.test_segmenter import FPS, _h264_frame, _h264_frames, _opus_packets
 
 Client = TestClient[web.Request, web.Application]
 
@@ -85,3 +92,112 @@ async def test_an_h264_stream_is_indexed_as_mp4_from_the_first_request(
     assert body["container"] == "mp4"
     resp = await client.get("/streams/avc/media/init.webm", headers=AUTH)
     assert resp.status == 404 and "init.mp4" in (await resp.json())["error"]
+
+
+async def test_hls_playlists_wait_for_a_segment_and_refuse_vp8(
+    app_client: tuple[Client, Components]
+) -> None:
+    client, components = app_client
+    assert components.relay is not None
+    components.relay.streams.get_or_create("s")  # no publisher: the codec is not known yet
+    components.relay.streams.get_or_create("vp8").forwarder(
+        "video", CodecInfo(96, "VP8", 90000, None, {}))
+    for name in ("master.m3u8", "media.m3u8"):
+        resp = await client.get(f"/streams/s/media/{name}", headers=AUTH)
+        assert resp.status == 404 and resp.headers["Retry-After"] == "1", name
+        assert "no closed segment yet" in (await resp.json())["error"]
+        resp = await client.get(f"/streams/vp8/media/{name}", headers=AUTH)
+        assert resp.status == 404 and "Retry-After" not in resp.headers, name
+        reason = (await resp.json())["error"]
+        assert "HLS carries fragmented MP4" in reason and "index.json" in reason
+        resp = await client.get(f"/streams/s/media/{name}")
+        assert resp.status == 401 and "error" in await resp.json()
+
+
+def _push_h264_with_a_break(seg: StreamSegmenter, start_us: int) -> None:
+    """3 s of 320x240 H.264 at 30 fps with Opus, 1 s of nothing, 1 s more (a discontinuity)."""
+    video, audio = _h264_frames(150, gop=15), _opus_packets(250)
+    seg.add_audio_track("opus", 48000, 2)
+    events = [(start_us + i * 1_000_000 // FPS + 137, "video", i) for i in range(90)]
+    events += [(start_us + 4_000_000 + (i - 90) * 1_000_000 // FPS + 137, "video", i)
+               for i in range(90, 150)]
+    events += [(start_us + j * 20_000 + 11, "audio", j) for j in range(250)]
+    for t, kind, i in sorted(events):
+        if kind == "video":
+            seg.push("video", _h264_frame(i, *video[i]), t)
+        else:
+            seg.push("audio", Frame(i, audio[i], True), t)
+
+
+async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
+    app_client: tuple[Client, Components]
+) -> None:
+    client, components = app_client
+    relay, segments, captions = components.relay, components.segments, components.captions
+    assert relay is not None and segments is not None and captions is not None
+    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
+    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
+    captions.fix_epoch("avc", components.now_ns()() - 60_000_000_000)
+    resp = await client.post("/api/streams/avc/captions", json={
+        "timebase": "stream_s", "lang": "en",
+        "cues": [{"id": "c1", "start": 50.5, "end": 52.0, "text": "one"}]})
+    assert resp.status == 200, await resp.text()
+    seg = segments.live["avc"].segmenter
+    _push_h264_with_a_break(seg, 50_000_000)
+    listed = list(seg.segments)
+    assert [(s.number, s.discontinuity) for s in listed] == [
+        (50000, False), (51000, False), (52000, False), (54000, True)]
+
+    resp = await client.get("/streams/avc/media/master.m3u8", headers=AUTH)
+    assert resp.status == 200
+    assert resp.headers["Content-Type"] == "application/vnd.apple.mpegurl"
+    assert resp.headers["Cache-Control"] == "no-cache"
+    master = (await resp.text()).splitlines()
+    assert master[3] == ('#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="en",LANGUAGE="en",'
+                         'AUTOSELECT=YES,DEFAULT=YES,URI="/captions/avc/en/live.m3u8"')
+    assert f'CODECS="{seg.codecs[0]},opus",RESOLUTION=320x240,SUBTITLES="subs"' in master[4]
+    assert master[5] == "media.m3u8"
+
+    resp = await client.get("/streams/avc/media/media.m3u8", headers=AUTH)
+    assert resp.status == 200 and resp.headers["Cache-Control"] == "no-cache"
+    media = (await resp.text()).splitlines()
+    assert '#EXT-X-MAP:URI="init.mp4?v=1"' in media
+    assert [line for line in media if not line.startswith("#")] == [
+        "50000.m4s", "51000.m4s", "52000.m4s", "54000.m4s"]
+    assert media[media.index("54000.m4s") - 3] == "#EXT-X-DISCONTINUITY"
+    # The versioned init URL the playlist names is the init segment (the query is ignored).
+    resp = await client.get("/streams/avc/media/init.mp4?v=1", headers=AUTH)
+    assert resp.status == 200 and await resp.read() == seg.init
+
+    # A third-party HLS client follows the master playlist to the media playlist, the init
+    # segment and every segment, with the view token on each request. (This ffmpeg cannot
+    # read WebVTT renditions: it names the subtitle playlist and skips it.)
+    ffprobe = shutil.which("ffprobe")
+    assert ffprobe is not None, "ffprobe is needed (apt-get install ffmpeg)"
+    proc = await asyncio.create_subprocess_exec(
+        ffprobe, "-v", "error", "-headers", "Authorization: Bearer v\r\n",
+        # From the first listed segment; a live playlist never ends, so stop after reloads
+        # that bring nothing new.
+        "-live_start_index", "0", "-m3u8_hold_counters", "3",
+        "-show_streams", "-show_packets", "-of", "json",
+        str(client.make_url("/streams/avc/media/master.m3u8")),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, err.decode()
+    probe = json.loads(out)
+    streams = {s["codec_type"]: s for s in probe["streams"]}
+    assert streams["video"]["codec_name"] == "h264" and streams["audio"]["codec_name"] == "opus"
+    assert (streams["video"]["width"], streams["video"]["height"]) == (320, 240)
+    video = [p for p in probe["packets"] if p["codec_type"] == "video"]
+    assert len(video) == 120  # 90 frames before the break, 30 in the closed segment after
+    # Media time is stream time across the discontinuity: each segment opens on a keyframe at
+    # its start, and nothing lies in the gap.
+    keyframes = [round(float(p["pts_time"]) * 1e6) for p in video if "K" in p["flags"]]
+    for s in listed:
+        assert min(abs(t - s.start_us) for t in keyframes) <= 500, (s.start_us, keyframes)
+    assert not [p for p in video if 53.0 <= float(p["pts_time"]) < 54.0]

@@ -1,0 +1,141 @@
+"""HLS playlists (RFC 8216) of a stream's live fragmented-MP4 segments: the media playlist of
+the segmenter's window, and the master playlist that names it with the stream's caption
+renditions (the WebVTT subtitle playlists of the caption component).
+
+Pure: every function takes the segments, the epoch and the languages as arguments.
+
+Media time in the segments is stream time, and the caption chunks map cue time to that same
+media time (``X-TIMESTAMP-MAP`` is the identity), so a player puts cues on the frames they
+were timed against with no further mapping; ``EXT-X-PROGRAM-DATE-TIME`` in both playlists is
+the house time of the same stream time (epoch + stream time).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sfu_sidecar.captions.chunks import house_date_time
+from sfu_sidecar.segments.segmenter import Segment
+
+__all__ = [
+    "CONTENT_TYPE",
+    "SUBTITLES_GROUP",
+    "bandwidth",
+    "extinf_ms",
+    "master_playlist",
+    "media_playlist",
+    "target_duration",
+]
+
+CONTENT_TYPE = "application/vnd.apple.mpegurl"
+# >= 6: EXT-X-MAP in a playlist that is not I-frames-only (RFC 8216 7).
+VERSION = 7
+SUBTITLES_GROUP = "subs"
+
+
+def extinf_ms(segment: Segment) -> int:
+    """A segment's EXTINF duration in whole milliseconds (printed with 3 decimals)."""
+    return (segment.duration_us + 500) // 1000
+
+
+def target_duration(segments: Sequence[Segment]) -> int:
+    """RFC 8216 4.3.3.1: every EXTINF rounded to the nearest integer must be <= the target
+    duration. A segment lasts until the first keyframe after the configured duration, so one
+    can be longer by however late that keyframe was: the target comes from the segments listed,
+    not from the setting."""
+    longest_ms = max((extinf_ms(s) for s in segments), default=1000)
+    return max(1, -(-longest_ms // 1000))
+
+
+def media_playlist(
+    segments: Sequence[Segment], *, init_url: str, epoch_ns: int, media_ext: str = "m4s"
+) -> str:
+    """The live media playlist of ``segments`` (closed, in order, all of one init segment).
+
+    The segmenter drops its whole window when a new init segment is made, so every listed
+    segment needs the one ``init_url`` names and a single ``EXT-X-MAP`` serves them all.
+    """
+    if not segments:
+        raise ValueError("a media playlist needs at least one segment")
+    first = segments[0]
+    # 4.3.3.3: the discontinuity sequence of the first segment is the tag's value plus one if
+    # the segment itself carries EXT-X-DISCONTINUITY.
+    discontinuity_sequence = first.discontinuity_sequence - (1 if first.discontinuity else 0)
+    lines = [
+        "#EXTM3U",
+        f"#EXT-X-VERSION:{VERSION}",
+        f"#EXT-X-TARGETDURATION:{target_duration(segments)}",
+        f"#EXT-X-MEDIA-SEQUENCE:{first.sequence}",
+        f"#EXT-X-DISCONTINUITY-SEQUENCE:{discontinuity_sequence}",
+        f'#EXT-X-MAP:URI="{init_url}"',
+    ]
+    for s in segments:
+        if s.discontinuity:
+            lines.append("#EXT-X-DISCONTINUITY")
+        # On every segment, not just the first: across a break in the timeline the house time
+        # jumps, and the gap is not in any EXTINF.
+        lines.append(f"#EXT-X-PROGRAM-DATE-TIME:{house_date_time(epoch_ns + s.start_us * 1000)}")
+        ms = extinf_ms(s)
+        lines.append(f"#EXTINF:{ms // 1000}.{ms % 1000:03d},")
+        lines.append(f"{s.number}.{media_ext}")
+    return "\n".join(lines) + "\n"
+
+
+def bandwidth(segments: Sequence[Segment]) -> tuple[int, int]:
+    """(peak, average) segment bit rate in bits/s, RFC 8216 4.3.4.2 BANDWIDTH and
+    AVERAGE-BANDWIDTH, measured over ``segments`` (audio and video together; they share the
+    segments).
+
+    The peak is defined over contiguous runs of segments lasting at most the target duration;
+    a run's rate is a duration-weighted mean of its segments' rates, and every single segment
+    fits the target duration (:func:`target_duration`), so the peak is the fastest segment.
+    """
+    if not segments:
+        raise ValueError("bandwidth needs at least one segment")
+    peak = max(-(-len(s.data) * 8_000_000 // max(1, s.duration_us)) for s in segments)
+    bits = sum(len(s.data) for s in segments) * 8
+    duration_us = max(1, sum(s.duration_us for s in segments))
+    return peak, -(-bits * 1_000_000 // duration_us)
+
+
+def master_playlist(
+    segments: Sequence[Segment],
+    *,
+    stream: str,
+    codecs: Sequence[str],
+    resolution: tuple[int, int] | None,
+    languages: Sequence[str],
+    frame_rate: float | None = None,
+    media_uri: str = "media.m3u8",
+) -> str:
+    """The master playlist: one variant (the stream as relayed, no transcoding) with its
+    measured bandwidth, RFC 6381 ``codecs`` and ``resolution``, and one subtitle rendition per
+    caption language, the first the default."""
+    peak, average = bandwidth(segments)
+    lines = [
+        "#EXTM3U",
+        f"#EXT-X-VERSION:{VERSION}",
+        # 4.3.5.1: every segment starts with a keyframe (the segmenter opens them on one), so
+        # a player can start or switch at any segment. Stated here, it applies to every media
+        # playlist this one names (and 4.3.5 asks that it not be repeated there).
+        "#EXT-X-INDEPENDENT-SEGMENTS",
+    ]
+    for i, lang in enumerate(languages):
+        lines.append(
+            f'#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="{SUBTITLES_GROUP}",NAME="{lang}",'
+            f'LANGUAGE="{lang}",AUTOSELECT=YES,DEFAULT={"YES" if i == 0 else "NO"},'
+            f'URI="/captions/{stream}/{lang}/live.m3u8"'
+        )
+    # Plain WebVTT segments have no RFC 6381 identifier ("wvtt" names WebVTT in ISOBMFF), so
+    # CODECS lists the audio and video formats only.
+    attributes = [f"BANDWIDTH={peak}", f"AVERAGE-BANDWIDTH={average}",
+                  f'CODECS="{",".join(codecs)}"']
+    if resolution is not None:
+        attributes.append(f"RESOLUTION={resolution[0]}x{resolution[1]}")
+    if frame_rate is not None:
+        attributes.append(f"FRAME-RATE={frame_rate:.3f}")
+    if languages:
+        attributes.append(f'SUBTITLES="{SUBTITLES_GROUP}"')
+    lines.append(f"#EXT-X-STREAM-INF:{','.join(attributes)}")
+    lines.append(media_uri)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,246 @@
+"""hls.js in headless Chromium plays the HLS master playlist of an H.264 stream with captions.
+
+The service and an aiortc publisher (H.264 and Opus, frames numbered in their pixels, capture
+times stamped and joined to the house clock) run on an event loop in a thread. While the page
+plays, a feeder ingests one 1.5 s cue every 2 s of stream time over the caption API, each a
+little after it starts, as a live captioner would. hls.js (the pinned npm release, injected into
+the page by the test, not served by the product) loads ``master.m3u8`` with the view token on
+every request. The page records, for every presented frame, its media time and the frame number
+read off the pixels; every cue hls.js puts on the subtitle text track; the fragments it plays;
+its live latency. Prints one JSON line with those, the ingested cues and the true capture time
+of each frame number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sfu_sidecar.app import SERVICES_KEY, Components, build_app
+from sfu_sidecar.client.whip import WhipSession, publish
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, ROOT, free_port
+
+STREAM = "hls"
+TOKEN = "e2e-view"
+HLS_JS = ROOT / "node_modules" / "hls.js" / "dist" / "hls.min.js"
+WATCH_S = 14.0
+# Cue k lasts [2k + 1, 2k + 2.5) stream seconds: across the boundary of two 2 s caption
+# chunks, so it comes in both and hls.js must show it once.
+CUE_EVERY_S, CUE_LEN_S, CUE_AT_S = 2.0, 1.5, 1.0
+CUE_LATE_S = 0.5  # a cue is ingested this long after it starts
+
+PLAY_JS = """
+({src, token}) => {
+  const video = document.createElement('video');
+  video.muted = true; video.autoplay = true; video.playsInline = true;
+  document.body.appendChild(video);
+  const probe = window.probe = {frames: [], frags: [], errors: [], cues: {}, samples: [],
+                                subtitleTracks: null, mostCopies: 0};
+  const hls = new Hls(
+      {xhrSetup: (xhr) => xhr.setRequestHeader('Authorization', 'Bearer ' + token)});
+  window.hls = hls;
+  hls.on(Hls.Events.ERROR, (_, d) => probe.errors.push(
+      {type: d.type, details: d.details, fatal: d.fatal,
+       url: (d.frag && d.frag.url) || d.url || null}));
+  hls.on(Hls.Events.FRAG_CHANGED, (_, d) => probe.frags.push(
+      {sn: d.frag.sn, cc: d.frag.cc, start: d.frag.start, url: d.frag.relurl}));
+  hls.on(Hls.Events.SUBTITLE_TRACKS_UPDATED, (_, d) => { probe.subtitleTracks =
+      d.subtitleTracks.map((t) => ({lang: t.lang, name: t.name, default: t.default})); });
+  hls.on(Hls.Events.MANIFEST_PARSED, () => { if (hls.subtitleTrack < 0) hls.subtitleTrack = 0; });
+  // The 20-bit frame number the synthetic source draws across the top 24 rows.
+  const canvas = document.createElement('canvas');
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  const readNumber = () => {
+    const w = video.videoWidth;
+    canvas.width = w; canvas.height = 24;
+    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
+    const px = ctx.getImageData(0, 0, w, 24).data;
+    const block = Math.floor(w / 20);
+    let n = 0;
+    for (let bit = 0; bit < 20; bit++) {
+      n = (n << 1) | (px[(12 * w + bit * block + Math.floor(block / 2)) * 4] > 128 ? 1 : 0);
+    }
+    return n;
+  };
+  const onFrame = (now, meta) => {
+    probe.frames.push({n: readNumber(), mediaTime: meta.mediaTime,
+                       wallMs: performance.timeOrigin + meta.expectedDisplayTime});
+    video.requestVideoFrameCallback(onFrame);
+  };
+  video.requestVideoFrameCallback(onFrame);
+  setInterval(() => {
+    for (const track of video.textTracks) {
+      if (track.kind !== 'subtitles' && track.kind !== 'captions') continue;
+      if (track.mode === 'disabled') track.mode = 'hidden';  // cues load only when not disabled
+      const texts = [...(track.cues || [])].map((cue) => cue.text);
+      probe.mostCopies = Math.max(probe.mostCopies,
+          ...texts.map((t) => texts.filter((x) => x === t).length));
+      for (const cue of track.cues || []) {
+        probe.cues[cue.text + '@' + cue.startTime] = {id: cue.id, text: cue.text,
+            start: cue.startTime, end: cue.endTime, track: track.label, lang: track.language};
+      }
+    }
+    probe.samples.push({currentTime: video.currentTime, latency: hls.latency,
+                        targetLatency: hls.targetLatency, paused: video.paused});
+  }, 250);
+  hls.loadSource(src);
+  hls.attachMedia(video);
+}
+"""
+
+
+class Service:
+    """The app, an H.264 publisher and the caption feeder on their own event loop."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.video: FlashVideoTrack | None = None
+        self.joined: Any = None
+        self.epoch: int | None = None
+        self.cues: list[dict[str, Any]] = []
+        self.segments: dict[int, float] = {}  # number -> start_s, from index.json
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    async def _start(self) -> None:
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
+                                  "data_dir": tempfile.mkdtemp(prefix="sfu-sidecar-hls-"),
+                                  "view_token": TOKEN})
+        app = build_app(settings)
+        self.components: Components = app[SERVICES_KEY].components
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        timeline = Timeline.starting_now(time.time_ns)
+        self.video = FlashVideoTrack(timeline)
+        self.session: WhipSession = await publish(
+            f"{self.base}/whip/{STREAM}", [BeepAudioTrack(timeline), self.video],
+            capture_start_ns=timeline.start_house_ns, ice_addresses=("127.0.0.1",),
+            video_codec="h264",
+        )
+        self.joined = await self.session.joined()
+        self.http = aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"})
+        captions = self.components.captions
+        assert captions is not None
+        for _ in range(200):
+            self.epoch = captions.epoch(STREAM)
+            if self.epoch is not None:
+                break
+            await asyncio.sleep(0.1)
+        self.tasks = [asyncio.ensure_future(self._index()), asyncio.ensure_future(self._feed())]
+
+    def stream_now_s(self) -> float:
+        assert self.epoch is not None
+        return (self.components.now_ns()() - self.epoch) / 1e9
+
+    async def _index(self) -> None:
+        """Reads index.json (its first read starts segmenting) and keeps every segment's start."""
+        while True:
+            async with self.http.get(f"{self.base}/streams/{STREAM}/media/index.json") as r:
+                for s in (await r.json())["segments"]:
+                    self.segments[s["number"]] = s["start_s"]
+            await asyncio.sleep(0.5)
+
+    async def _feed(self) -> None:
+        k = 1
+        while True:
+            start = k * CUE_EVERY_S + CUE_AT_S
+            await asyncio.sleep(max(0.0, start + CUE_LATE_S - self.stream_now_s()))
+            cue = {"id": f"c{k}", "start": start, "end": start + CUE_LEN_S, "text": f"cue {k}"}
+            body = {"timebase": "stream_s", "lang": "en", "cues": [cue]}
+            async with self.http.post(f"{self.base}/api/streams/{STREAM}/captions",
+                                      json=body) as r:
+                cue["status"] = r.status
+            self.cues.append(cue)
+            k += 1
+
+    async def _stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await self.http.close()
+        await self.session.close()
+        await self.runner.cleanup()
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def wait_available(url: str, timeout_s: float) -> float:
+    """Seconds until ``url`` answered 200 (with the view token)."""
+    started = time.monotonic()
+    while True:
+        request = urllib.request.Request(url, headers={"Authorization": f"Bearer {TOKEN}"})
+        try:
+            with urllib.request.urlopen(request, timeout=2) as resp:
+                if resp.status == 200:
+                    return time.monotonic() - started
+        except urllib.error.HTTPError as e:
+            if e.code != 404 or time.monotonic() - started > timeout_s:
+                raise
+        time.sleep(0.25)
+
+
+def main() -> None:
+    service = Service()
+    service.thread.start()
+    if not service.ready.wait(30):
+        raise SystemExit("service did not start")
+    result: dict[str, Any] = {"joined": service.joined is not None, "epoch": service.epoch}
+    media = f"{service.base}/streams/{STREAM}/media"
+    # hls.js starts 3 target durations behind the newest segment: a few must be listed first,
+    # and the first caption chunk closed (chunk end + 3 s grace).
+    result["waited_s"] = {
+        "segments": wait_available(f"{media}/media.m3u8", 30),
+        "captions": wait_available(f"{service.base}/captions/{STREAM}/en/live.m3u8", 30),
+    }
+    while len(service.segments) < 4:
+        time.sleep(0.25)
+    from playwright.sync_api import sync_playwright
+
+    BROWSER_LOCK.touch(exist_ok=True)
+    with BROWSER_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                page = browser.new_page()
+                page.goto(f"{service.base}/healthz")  # an origin for the page; any would do
+                page.add_script_tag(path=str(HLS_JS))
+                result["hls_version"] = page.evaluate("() => Hls.version")
+                page.evaluate(PLAY_JS, {"src": f"{media}/master.m3u8", "token": TOKEN})
+                time.sleep(WATCH_S)
+                result["page"] = page.evaluate(
+                    "() => ({...window.probe, cues: Object.values(window.probe.cues)})")
+            finally:
+                browser.close()
+    assert service.video is not None
+    result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}
+    result["ingested"] = service.cues
+    result["segments"] = {str(n): s for n, s in service.segments.items()}
+    service.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

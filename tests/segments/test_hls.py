@@ -1,0 +1,155 @@
+"""HLS playlists of live segments, exact text for a crafted window: a segment longer than the
+configured duration (a late keyframe), one closed early at a break in the timeline, the
+discontinuity after it, and the window sliding over that discontinuity."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sfu_sidecar.segments.hls import bandwidth, master_playlist, media_playlist, target_duration
+from sfu_sidecar.segments.segmenter import Segment
+
+EPOCH_NS = 1_700_000_000_123_456_789  # 2023-11-14T22:13:20.123456789Z
+
+
+def _segment(start_us: int, duration_us: int, size: int, sequence: int,
+             discontinuity_sequence: int, *, discontinuity: bool = False) -> Segment:
+    return Segment(start_us // 1000, start_us, duration_us, True, bytes(size), sequence,
+                   discontinuity, discontinuity_sequence, 1)
+
+
+A = _segment(10_000_400, 1_033_333, 1000, 5, 2)
+B = _segment(11_033_733, 1_033_334, 2000, 6, 2)
+C = _segment(12_067_067, 466_667, 500, 7, 2)  # closed one frame after its last: a break
+D = _segment(14_000_000, 2_400_100, 3000, 8, 3, discontinuity=True)  # late keyframe
+E = _segment(16_400_100, 1_000_000, 1000, 9, 3)
+
+
+def test_media_playlist_of_a_window_with_a_discontinuity() -> None:
+    text = media_playlist([A, B, C, D, E], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+    assert text == """\
+#EXTM3U
+#EXT-X-VERSION:7
+#EXT-X-TARGETDURATION:3
+#EXT-X-MEDIA-SEQUENCE:5
+#EXT-X-DISCONTINUITY-SEQUENCE:2
+#EXT-X-MAP:URI="init.mp4?v=1"
+#EXT-X-PROGRAM-DATE-TIME:2023-11-14T22:13:30.123Z
+#EXTINF:1.033,
+10000.m4s
+#EXT-X-PROGRAM-DATE-TIME:2023-11-14T22:13:31.157Z
+#EXTINF:1.033,
+11033.m4s
+#EXT-X-PROGRAM-DATE-TIME:2023-11-14T22:13:32.190Z
+#EXTINF:0.467,
+12067.m4s
+#EXT-X-DISCONTINUITY
+#EXT-X-PROGRAM-DATE-TIME:2023-11-14T22:13:34.123Z
+#EXTINF:2.400,
+14000.m4s
+#EXT-X-PROGRAM-DATE-TIME:2023-11-14T22:13:36.523Z
+#EXTINF:1.000,
+16400.m4s
+"""
+
+
+def test_the_window_slides_over_the_discontinuity() -> None:
+    # First listed segment carries the tag: the header counts the discontinuities before it.
+    text = media_playlist([D, E], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+    assert text.splitlines()[:7] == [
+        "#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-TARGETDURATION:3", "#EXT-X-MEDIA-SEQUENCE:8",
+        "#EXT-X-DISCONTINUITY-SEQUENCE:2", '#EXT-X-MAP:URI="init.mp4?v=1"',
+        "#EXT-X-DISCONTINUITY",
+    ]
+    assert media_playlist([E], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS) == """\
+#EXTM3U
+#EXT-X-VERSION:7
+#EXT-X-TARGETDURATION:1
+#EXT-X-MEDIA-SEQUENCE:9
+#EXT-X-DISCONTINUITY-SEQUENCE:3
+#EXT-X-MAP:URI="init.mp4?v=1"
+#EXT-X-PROGRAM-DATE-TIME:2023-11-14T22:13:36.523Z
+#EXTINF:1.000,
+16400.m4s
+"""
+
+
+def _numbered(text: str) -> dict[str, tuple[int, int]]:
+    """Segment URI -> (media sequence, discontinuity sequence), as RFC 8216 6.3.1/6.3.2 make a
+    client count them from the header and the tags."""
+    sequence = int(re.search(r"#EXT-X-MEDIA-SEQUENCE:(\d+)", text)[1])  # type: ignore[index]
+    disc = int(re.search(r"#EXT-X-DISCONTINUITY-SEQUENCE:(\d+)", text)[1])  # type: ignore[index]
+    out = {}
+    for line in text.splitlines():
+        if line == "#EXT-X-DISCONTINUITY":
+            disc += 1
+        elif not line.startswith("#"):
+            out[line] = (sequence, disc)
+            sequence += 1
+    return out
+
+
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_every_window_numbers_each_segment_alike(size: int) -> None:
+    """A client refreshing the playlist must see one segment under one media and discontinuity
+    sequence number in every playlist that lists it (RFC 8216 6.2.1, 6.2.2)."""
+    segments = [A, B, C, D, E]
+    seen: dict[str, set[tuple[int, int]]] = {}
+    for first in range(len(segments) - size + 1):
+        window = segments[first:first + size]
+        text = media_playlist(window, init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+        for uri, numbers in _numbered(text).items():
+            seen.setdefault(uri, set()).add(numbers)
+    assert seen == {f"{s.number}.m4s": {(s.sequence, s.discontinuity_sequence)}
+                    for s in segments}
+
+
+@pytest.mark.parametrize(("duration_us", "target"), [
+    (1_000_000, 1), (1_033_333, 2), (2_000_499, 2), (2_000_500, 3), (200_000, 1),
+])
+def test_target_duration_bounds_every_extinf_as_printed(duration_us: int, target: int) -> None:
+    # 2.0005 s prints as 2.001: the target covers the EXTINF a player reads.
+    assert target_duration([_segment(0, duration_us, 1, 0, 0)]) == target
+
+
+def test_bandwidth_is_the_fastest_segment_and_the_mean() -> None:
+    # Bits per second, rounded up: B is 16000 bits in 1.033334 s; all 60000 in 5.933434 s.
+    assert bandwidth([A, B, C, D, E]) == (15484, 10113)
+    assert bandwidth([E]) == (8000, 8000)
+
+
+def test_master_playlist_names_the_variant_and_each_caption_language() -> None:
+    text = master_playlist([A, B, C, D, E], stream="cam-1", codecs=["avc1.42e01f", "opus"],
+                           resolution=(640, 360), languages=["en", "pt-BR"], frame_rate=30)
+    assert text == """\
+#EXTM3U
+#EXT-X-VERSION:7
+#EXT-X-INDEPENDENT-SEGMENTS
+#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="en",LANGUAGE="en",AUTOSELECT=YES,DEFAULT=YES,\
+URI="/captions/cam-1/en/live.m3u8"
+#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="pt-BR",LANGUAGE="pt-BR",AUTOSELECT=YES,\
+DEFAULT=NO,URI="/captions/cam-1/pt-BR/live.m3u8"
+#EXT-X-STREAM-INF:BANDWIDTH=15484,AVERAGE-BANDWIDTH=10113,CODECS="avc1.42e01f,opus",\
+RESOLUTION=640x360,FRAME-RATE=30.000,SUBTITLES="subs"
+media.m3u8
+"""
+
+
+def test_master_playlist_without_captions_or_a_known_frame_rate() -> None:
+    text = master_playlist([E], stream="s", codecs=["avc1.640028"], resolution=(1280, 720),
+                           languages=[])
+    assert text.splitlines()[2:] == [
+        "#EXT-X-INDEPENDENT-SEGMENTS",
+        '#EXT-X-STREAM-INF:BANDWIDTH=8000,AVERAGE-BANDWIDTH=8000,CODECS="avc1.640028",'
+        "RESOLUTION=1280x720",
+        "media.m3u8",
+    ]
+
+
+def test_no_playlist_without_a_segment() -> None:
+    with pytest.raises(ValueError):
+        media_playlist([], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+    with pytest.raises(ValueError):
+        master_playlist([], stream="s", codecs=[], resolution=None, languages=[])
