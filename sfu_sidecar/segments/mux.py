@@ -110,7 +110,84 @@ def mux_webm(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[by
     cut = out.find(CLUSTER_ID, header_len)
     if cut < 0:
         raise MuxError("the muxer wrote no cluster")
-    return out[:cut], out[cut:]
+    return out[:cut], sort_cluster_blocks(out[cut:])
+
+
+def _element(data: bytes, pos: int) -> tuple[int, int, int]:
+    """(id, start of payload, payload size) of the EBML element at ``pos``."""
+    first = data[pos]
+    id_len = 1 + (8 - first.bit_length()) if first else 9
+    if id_len > 4 or pos + id_len >= len(data):
+        raise MuxError("bad EBML element id")
+    element_id = int.from_bytes(data[pos:pos + id_len], "big")
+    pos += id_len
+    first = data[pos]
+    size_len = 9 - first.bit_length() if first else 9
+    if size_len > 8 or pos + size_len > len(data):
+        raise MuxError("bad EBML element size")
+    size = int.from_bytes(data[pos:pos + size_len], "big") & ((1 << (7 * size_len)) - 1)
+    if size == (1 << (7 * size_len)) - 1:
+        raise MuxError("unknown-size EBML element")
+    return element_id, pos + size_len, size
+
+
+SIMPLE_BLOCK_ID = 0xA3
+BLOCK_GROUP_ID = 0xA0
+BLOCK_ID = 0xA1
+
+
+def _block_time(data: bytes, element_id: int, start: int, size: int) -> int:
+    """The cluster-relative timecode of a SimpleBlock or of a BlockGroup's Block."""
+    if element_id == BLOCK_GROUP_ID:
+        pos = start
+        while pos < start + size:
+            child, child_start, child_size = _element(data, pos)
+            if child == BLOCK_ID:
+                return _block_time(data, SIMPLE_BLOCK_ID, child_start, child_size)
+            pos = child_start + child_size
+        raise MuxError("BlockGroup without a Block")
+    track_len = 9 - data[start].bit_length()  # the track number is a vint
+    return int.from_bytes(data[start + track_len:start + track_len + 2], "big", signed=True)
+
+
+def sort_cluster_blocks(clusters: bytes) -> bytes:
+    """The clusters with each one's blocks in stored-timecode order.
+
+    The muxer interleaves packets by timestamp, then stores Opus blocks later by the codec
+    delay it declares (CodecDelay, 6.5 ms), so an audio block can sit before a video block with
+    a smaller stored timecode; Chromium's MSE refuses such a cluster ("a block with a timecode
+    before the previous block"). The blocks are moved, not changed, and a stable sort keeps
+    each track's order.
+    """
+    out = bytearray()
+    pos = 0
+    while pos < len(clusters):
+        element_id, start, size = _element(clusters, pos)
+        end = start + size
+        if element_id != int.from_bytes(CLUSTER_ID, "big"):
+            out += clusters[pos:end]
+            pos = end
+            continue
+        head = bytearray()
+        blocks: list[tuple[int, bytes]] = []
+        child = start
+        while child < end:
+            child_id, child_start, child_size = _element(clusters, child)
+            child_end = child_start + child_size
+            if child_id in (SIMPLE_BLOCK_ID, BLOCK_GROUP_ID):
+                blocks.append((_block_time(clusters, child_id, child_start, child_size),
+                               clusters[child:child_end]))
+            elif blocks:
+                raise MuxError("cluster element after its blocks")
+            else:
+                head += clusters[child:child_end]
+            child = child_end
+        out += clusters[pos:start]  # the same id and size: the payload keeps its length
+        out += head
+        for _, block in sorted(blocks, key=lambda b: b[0]):
+            out += block
+        pos = end
+    return bytes(out)
 
 
 def mux_mp4(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[bytes, bytes]:

@@ -43,8 +43,13 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
 
     async def index(request: web.Request) -> web.Response:
         seg = segmenter(request)
-        # The epoch maps stream time back to house time (a frame's capture time).
-        doc = seg.index() | {"epoch_ns": service.captions.epoch(seg.stream)}
+        # The epoch maps stream time back to house time (a frame's capture time); the caption
+        # chunk length and languages let a player fetch chunk-{n}.vtt alongside the media.
+        doc = seg.index() | {
+            "epoch_ns": service.captions.epoch(seg.stream),
+            "caption_chunk_s": service.settings.caption_chunk_s,
+            "languages": service.captions.languages(seg.stream),
+        }
         return json_ok(doc, headers={"Cache-Control": NO_CACHE})
 
     async def init(request: web.Request) -> web.Response:

@@ -150,12 +150,22 @@ class StreamSegmenter:
             (frame.width, frame.height) != (self.video.width, self.video.height))
         if resized or (frame.keyframe and (
                 current is None or stream_us - current.start_us >= self.target_us)):
+            carried: list[Sample] = []
             if current is not None:
+                # Audio captured after the keyframe can arrive before it (video takes longer
+                # to encode and send): it belongs to the new segment. Left in the old one, it
+                # would put a block after the next cluster's first in time, which MSE refuses.
+                carried = [s for s in current.samples if s.pts_us >= stream_us]
+                if carried:
+                    current.samples = [s for s in current.samples if s.pts_us < stream_us]
                 self._close(current, stream_us)
             if resized:
                 self._resize(frame)
             self._open = current = _Open(stream_us, self._break)
             self._break = False
+            for sample in carried:
+                current.samples.append(sample)
+                current.size += len(sample.data)
         if current is None:
             self.dropped += 1
             self._last_pts[VIDEO] = stream_us  # a gap is measured from the frames that came

@@ -35,3 +35,34 @@ def first_video_packet_per_range(
         inside = [p for p in video if start <= int(p["pos"]) < end]
         out.append(min(inside, key=lambda p: int(p["pos"])) if inside else None)
     return out
+
+
+def cluster_block_times(data: bytes) -> list[list[int]]:
+    """Per Matroska Cluster in ``data``, its blocks' stored timecodes (cluster timecode plus
+    the block's signed 16-bit offset) in byte order, as an MSE parser reads them."""
+
+    def vint(pos: int, keep_marker: bool) -> tuple[int, int]:
+        length = 9 - data[pos].bit_length()
+        value = int.from_bytes(data[pos:pos + length], "big")
+        return (value if keep_marker else value & ((1 << (7 * length)) - 1)), pos + length
+
+    clusters = []
+    pos = 0
+    while pos < len(data):
+        element, pos = vint(pos, True)
+        size, pos = vint(pos, False)
+        end = pos + size
+        if element == 0x1F43B675:
+            timecode, times, child = 0, [], pos
+            while child < end:
+                child_id, start = vint(child, True)
+                child_size, start = vint(start, False)
+                if child_id == 0xE7:
+                    timecode = int.from_bytes(data[start:start + child_size], "big")
+                elif child_id == 0xA3:
+                    _, at = vint(start, False)  # track number
+                    times.append(timecode + int.from_bytes(data[at:at + 2], "big", signed=True))
+                child = start + child_size
+            clusters.append(times)
+        pos = end
+    return clusters

@@ -90,6 +90,7 @@ async def test_segments_on_the_stream_timeline(
             assert index["codecs"] == [video_string, "opus"]
             assert index["container"] == container
             assert index["epoch_ns"] == captions.epoch("seg")
+            assert index["caption_chunk_s"] > 0 and index["languages"] == []
             assert index["init"] == f"init.{init_ext}?v=1"
             assert [s["sequence"] for s in index["segments"]] == list(
                 range(len(index["segments"])))

@@ -15,7 +15,12 @@ import pytest
 from sfu_sidecar.segments.depacketize import Frame, nal_units, sps_dimensions
 from sfu_sidecar.segments.mux import CLUSTER_ID
 from sfu_sidecar.segments.segmenter import StreamSegmenter
-from tests.segments.media import ffprobe, first_video_packet_per_range, packets_by_kind
+from tests.segments.media import (
+    cluster_block_times,
+    ffprobe,
+    first_video_packet_per_range,
+    packets_by_kind,
+)
 
 FPS = 30
 log = logging.getLogger("test.segments")
@@ -174,6 +179,46 @@ def test_resolution_change_starts_over_with_a_new_init() -> None:
     assert seg.video is not None and (seg.video.width, seg.video.height) == (160, 120)
     assert seg.init is not None and seg.init != first_init
     assert [s.number for s in seg.segments] == [3000]  # the old window went with the old init
+
+
+def test_audio_that_overtakes_a_keyframe_goes_to_the_segment_it_was_captured_in(
+    tmp_path: Path,
+) -> None:
+    """Audio captured just after a keyframe often arrives before it: it must go to the
+    keyframe's segment, and every cluster's stored block timecodes must rise (MSE refuses a
+    cluster whose blocks go back)."""
+    seg = _segmenter()
+    video = _vp8_frames(120, gop=15)
+    audio = _opus_packets(200)
+    seg.add_audio_track("opus", 48000, 2)
+    a = 0
+    for i, (data, key) in enumerate(video):
+        # Every third frame 3 ms after an audio frame: stored 6.5 ms later, that audio
+        # frame's block would come after the video frame's.
+        t = 1_003_137 + i * 1_000_000 // FPS
+        while 1_000_000 + a * 20_000 < t + 10_000:  # audio up to 10 ms past the frame first
+            seg.push("audio", Frame(a, audio[a], True), 1_000_000 + a * 20_000)
+            a += 1
+        w, h = _vp8_dims(data) if key else (0, 0)
+        seg.push("video", Frame(i, data, key, w, h), t)
+    assert len(seg.segments) == 3
+    for s in seg.segments:
+        path = tmp_path / f"{s.number}.webm"
+        assert seg.init is not None
+        path.write_bytes(seg.init + s.data)
+        pts = [int(p["pts"]) for p in sorted(ffprobe(path)["packets"], key=lambda p: int(p["pos"]))]
+        assert min(pts) * 1000 >= s.start_us - 500
+        assert max(pts) * 1000 < s.start_us + s.duration_us
+        # Stored timecodes too: Opus blocks are stored later by the declared codec delay,
+        # and an MSE parser refuses a cluster whose stored timecodes go back.
+        for times in cluster_block_times(s.data):
+            assert times == sorted(times), times
+    path = tmp_path / "all.webm"
+    _write(seg, path)
+    packets = sorted(ffprobe(path)["packets"], key=lambda p: int(p["pos"]))
+    for kind in (0, 1):  # each track's timestamps rise through the file
+        pts = [int(p["pts"]) for p in packets if p["stream_index"] == kind]
+        assert pts == sorted(pts) and len(set(pts)) == len(pts)
 
 
 def test_a_gap_in_capture_times_is_one_discontinuity(tmp_path: Path) -> None:
