@@ -21,3 +21,32 @@ export function showFrameInfo({ streamS, source, mapped, presented, lostBatches 
   $("mapped").textContent = presented ? `${((100 * mapped) / presented).toFixed(1)} %` : "–";
   $("lost").textContent = String(lostBatches);
 }
+
+// The playback toggle keeps the page's other parameters; the MSE rows show in MSE mode only.
+export function showMode(mode, params) {
+  $("mode").textContent = mode;
+  for (const [id, value] of [["mode-webrtc", null], ["mode-mse", "mse"]]) {
+    const next = new URLSearchParams(params);
+    if (value === null) next.delete("mode");
+    else next.set("mode", value);
+    $(id).href = `?${next}`;
+  }
+  for (const el of document.querySelectorAll(".mse")) el.hidden = mode !== "mse";
+}
+
+export function showLanguages(langs, selected, onSelect) {
+  const select = $("lang");
+  if (select.options.length === langs.length) return;
+  select.replaceChildren(...langs.map((l) => new Option(l, l, false, l === selected)));
+  $("lang-choice").hidden = langs.length === 0;
+  select.onchange = () => onSelect(select.value);
+}
+
+export function showMseStats(s) {
+  const last = s.lastCorrection;
+  const moved = last === null ? "" : ` (${last.reason} ${((last.jumpS ?? last.correctionS) * 1000).toFixed(0)} ms at ${last.atS.toFixed(2)} s)`;
+  $("resyncs").textContent = `${s.resyncs}${moved}`;
+  $("buffer").textContent = s.bufferAheadS === null ? "–" : `${s.bufferAheadS.toFixed(2)} s`;
+  $("caption-error").textContent = s.captionErrorP95Ms === null ? "–" : `${s.captionErrorP95Ms.toFixed(1)} ms (${s.cuesShown} cues)`;
+  $("stream-time").textContent = s.streamS === null ? "–" : s.streamS.toFixed(3);
+}

@@ -10,6 +10,7 @@ import { connectWhep } from "./whep.js";
 const params = new URLSearchParams(window.location.search);
 const stream = params.get("stream") ?? "demo";
 const token = params.get("token") ?? undefined;
+const mode = params.get("mode") === "mse" ? "mse" : "webrtc";
 
 const sync = new SyncState();
 const book = new CueBook();
@@ -173,5 +174,32 @@ async function start() {
   video.play().catch(() => ui.setStatus("click the video to start playback"));
 }
 
+// MSE mode: HTTP segments and caption chunks, no WebRTC (mse.js); the stats panel and
+// window.sidecarStats show its resyncs.
+async function startMse() {
+  const { MsePlayer } = await import("./mse.js");
+  const player = new MsePlayer({
+    video, stream, token, lang: params.get("lang"), onStatus: (text, isError) => ui.setStatus(text, isError),
+  });
+  window.sfuViewer.player = player;
+  Object.defineProperty(window, "sidecarStats", { get: () => player.snapshot(), configurable: true });
+  setInterval(() => {
+    const snapshot = player.snapshot();
+    ui.showMseStats(snapshot);
+    ui.showLanguages([...player.tracks.keys()], player.lang, (lang) => player.selectLanguage(lang));
+  }, 500);
+  try {
+    await player.start();
+  } catch (err) {
+    ui.setStatus(String(err.message ?? err), true);
+  }
+}
+
 video.addEventListener("click", () => video.play());
-start();
+ui.showMode(mode, params);
+if (mode === "mse") {
+  startMse();
+} else {
+  window.sidecarStats = Object.assign(stats, { mode });
+  start();
+}

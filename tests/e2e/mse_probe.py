@@ -1,0 +1,243 @@
+"""The viewer page in MSE mode (``/?mode=mse``) in headless Chromium: live segments and caption
+chunks over HTTP, no WebRTC in the browser.
+
+Run inside a network namespace that has only ``lo`` (see test_mse_chromium.py). The service and
+an aiortc publisher (VP8 or H.264, frames numbered in their pixels, capture times stamped) run
+on an event loop in a thread. Cues are ingested up front: one every 2 s for the whole run, on
+the house clock. Chromium plays the stream; for every presented frame the page records the
+frame number read off the pixels, the frame's stream time as the player computes it (its media
+time minus the SourceBuffer offset) and the cues active on the text track.
+
+With ``--gap S`` the publisher leaves half-way and a new one (new RTP timestamp base, same
+frame numbering and capture clock) comes back S seconds later: a discontinuity on the stream
+timeline. Prints one JSON line: frames, the true capture time of every frame number, the cues,
+the stream epoch and the player's stats.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import fcntl
+import fractions
+import json
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from sfu_sidecar.app import build_app
+from sfu_sidecar.client.whip import WhipSession, publish
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+
+STREAM = "mse"
+CUE_EVERY_S = 2.0
+CUE_LENGTH_S = 1.2
+AUDIO_RATE = 48000
+
+# Reads the 20-bit frame number the synthetic source draws across the top 24 rows.
+RECORD_JS = """
+() => {
+  const video = document.getElementById('video');
+  const canvas = document.createElement('canvas');
+  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  window.probeFrames = [];
+  const player = window.sfuViewer.player;
+  player.frameListeners = [(record) => {
+    const w = video.videoWidth;
+    if (!w) return;
+    canvas.width = w; canvas.height = 24;
+    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
+    const px = ctx.getImageData(0, 0, w, 24).data;
+    const block = Math.floor(w / 20);
+    let n = 0;
+    for (let bit = 0; bit < 20; bit++) {
+      const x = bit * block + Math.floor(block / 2);
+      n = (n << 1) | (px[(12 * w + x) * 4] > 128 ? 1 : 0);
+    }
+    window.probeFrames.push({n, frameS: record.frameS, mediaTime: record.mediaTime,
+                             cues: record.cues, resyncs: player.stats.resyncs,
+                             wall: Date.now()});
+  }];
+}
+"""
+
+
+STATE_JS = """
+() => {
+  const v = document.getElementById('video');
+  const b = window.sfuViewer.player.buffer;
+  const r = b ? [...Array(b.buffered.length).keys()].map(
+    i => [b.buffered.start(i), b.buffered.end(i)]) : null;
+  return JSON.stringify({status: document.getElementById('status').textContent,
+    stats: window.sidecarStats, currentTime: v.currentTime, readyState: v.readyState,
+    paused: v.paused, error: v.error && v.error.message, buffered: r,
+    appending: window.sfuViewer.player.appending ?? null});
+}
+"""
+
+
+class Service:
+    """The app and the publisher on their own event loop."""
+
+    def __init__(self, codec: str) -> None:
+        self.codec = codec
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.timeline = Timeline.starting_now(time.time_ns)
+        self.video = FlashVideoTrack(self.timeline)
+        self.audio = BeepAudioTrack(self.timeline)
+        self.session: WhipSession | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_until_complete(self._start())
+        self.ready.set()
+        self.loop.run_forever()
+
+    def call(self, coro: Any, timeout: float = 30) -> Any:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
+
+    async def _start(self) -> None:
+        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-mse-")
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
+                                  "data_dir": data_dir})
+        self.runner = web.AppRunner(build_app(settings))
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        await self.publish()
+
+    async def publish(self, capture_start_ns: int | None = None) -> None:
+        """Publish the current tracks; their first packets were captured at
+        ``capture_start_ns`` (the timeline's start by default)."""
+        if capture_start_ns is None:
+            capture_start_ns = self.timeline.start_house_ns
+        self.session = await publish(
+            f"{self.base}/whip/{STREAM}", [self.audio, self.video],
+            capture_start_ns=capture_start_ns, ice_addresses=("127.0.0.1",),
+            video_codec=self.codec,
+        )
+        await self.session.joined()
+
+    async def leave(self) -> None:
+        assert self.session is not None
+        await self.session.close()
+        self.session = None
+
+    async def come_back(self) -> None:
+        """A new publisher session on the same stream: new tracks whose frame numbers go on
+        from the old ones (so every number has one capture time) and whose capture clock is
+        the house clock from now, and a new RTP timestamp base (aiortc draws one per sender)."""
+        # Frame numbers go on at a multiple of 0.1 s, where a video frame and an audio frame
+        # start together: the stamper takes each track's first packet as captured at
+        # capture_start_ns, so both must start at that instant.
+        first = -(-(max(self.video.capture_log) + 1) // 3) * 3
+        seconds = fractions.Fraction(first, self.video.fps)
+        # A timeline that started `seconds` ago: frame `first` is captured now, not in a burst
+        # catching up on the time the publisher was away.
+        self.timeline = Timeline(time.time_ns() - int(seconds * 1_000_000_000),
+                                 time.monotonic() - float(seconds))
+        old_log = self.video.capture_log
+        self.video = FlashVideoTrack(self.timeline)
+        self.video.frame_index = first
+        self.video.capture_log = old_log
+        self.audio = BeepAudioTrack(self.timeline)
+        self.audio.samples_sent = int(seconds * AUDIO_RATE)
+        await self.publish(self.timeline.capture_ns(seconds))
+
+    async def post_cues(self, start_ns: int, count: int) -> list[dict[str, Any]]:
+        cues = [
+            {"id": f"cue-{k}", "start": start_ns + int(k * CUE_EVERY_S * 1e9),
+             "end": start_ns + int((k * CUE_EVERY_S + CUE_LENGTH_S) * 1e9), "text": f"cue {k}"}
+            for k in range(count)
+        ]
+        body = {"timebase": "house_ns", "lang": "en", "cues": cues}
+        async with aiohttp.ClientSession() as http, http.post(
+            f"{self.base}/api/streams/{STREAM}/captions", json=body
+        ) as resp:
+            assert resp.status in (200, 201), await resp.text()
+            return cues
+
+    async def epoch(self) -> int | None:
+        async with aiohttp.ClientSession() as http, http.get(
+            f"{self.base}/api/streams/{STREAM}/captions"
+        ) as resp:
+            return (await resp.json())["epoch_ns"]  # type: ignore[no-any-return]
+
+    async def _stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        await self.runner.cleanup()
+
+    def stop(self) -> None:
+        self.call(self._stop(), timeout=10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--codec", choices=("vp8", "h264"), default="vp8")
+    parser.add_argument("--watch", type=float, default=10.0)
+    parser.add_argument("--gap", type=float, default=0.0)
+    args = parser.parse_args()
+
+    service = Service(args.codec)
+    service.thread.start()
+    if not service.ready.wait(30):
+        raise SystemExit("service did not start")
+    total_s = args.watch * (2 if args.gap else 1) + args.gap + 10
+    cues = service.call(service.post_cues(time.time_ns() + 1_000_000_000,
+                                          int(total_s / CUE_EVERY_S) + 1))
+    from playwright.sync_api import sync_playwright
+
+    result: dict[str, Any] = {"cues": cues, "codec": args.codec, "gap_s": args.gap}
+    with BROWSER_LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            page = browser.new_page()
+            page.on("console", lambda m: print("page:", m.text, file=sys.stderr))
+            page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
+            page.goto(f"{service.base}/?stream={STREAM}&mode=mse")
+            page.wait_for_function("() => window.sfuViewer?.player !== undefined", timeout=10000)
+            page.evaluate(RECORD_JS)
+            try:
+                page.wait_for_function("() => window.probeFrames.length > 0", timeout=30000)
+            except Exception:
+                print("no frame presented:", page.evaluate(STATE_JS), file=sys.stderr)
+                raise
+            started = page.evaluate("() => document.getElementById('video').currentTime")
+            time.sleep(args.watch)
+            if args.gap:
+                result["before_gap"] = page.evaluate("() => window.sidecarStats")
+                service.call(service.leave())
+                time.sleep(args.gap)
+                service.call(service.come_back())
+                result["back_wall_ms"] = time.time_ns() // 1_000_000
+                time.sleep(args.watch)
+            result["stats"] = page.evaluate("() => window.sidecarStats")
+            result["current_time"] = [started, page.evaluate(
+                "() => document.getElementById('video').currentTime")]
+            result["frames"] = page.evaluate("() => window.probeFrames")
+            result["panel"] = page.evaluate("() => document.getElementById('resyncs').textContent")
+            result["tracks"] = page.evaluate(
+                "() => [...document.getElementById('video').textTracks].map("
+                "t => ({kind: t.kind, language: t.language, mode: t.mode, cues: t.cues.length}))")
+            browser.close()
+    result["epoch_ns"] = service.call(service.epoch())
+    result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}
+    service.stop()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

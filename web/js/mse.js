@@ -1,0 +1,377 @@
+// The product's MSE player: live segments from index.json into one SourceBuffer, captions from
+// chunk-{n}.vtt as VTTCues on the video's text tracks, one timeline for both (stream time plus
+// the SourceBuffer's timestampOffset). Decisions live in msemodel.js; this module does them.
+
+import {
+  added, driftOf, DRIFT_S, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
+} from "./msemodel.js";
+import { GUARD_S, placeCue } from "./attach.js";
+import { ChunkedCues, parseChunk } from "./vttchunk.js";
+
+const POLL_MS = 250; // index polls: a new segment is appended within this of being listed
+const CAPTION_POLL_MS = 500; // live chunks are fetched again this often
+const TICK_MS = 250;
+
+export class MsePlayerError extends Error {}
+
+// The MIME type a SourceBuffer needs for the index's container and RFC 6381 codec strings.
+export function mimeOf(index) {
+  return `video/${index.container}; codecs="${index.codecs.join(", ")}"`;
+}
+
+export class MsePlayer {
+  // video: the <video>; stream: its name; token: view token (Bearer) or undefined;
+  // lang: the caption language shown first; onStatus(text, isError).
+  constructor({ video, stream, token, lang = null, base = window.location.href, onStatus = () => {} }) {
+    this.video = video;
+    this.stream = stream;
+    this.token = token;
+    this.lang = lang;
+    this.media = new URL(`/streams/${encodeURIComponent(stream)}/media/`, base);
+    this.captionBase = new URL(`/captions/${encodeURIComponent(stream)}/`, base);
+    this.onStatus = onStatus;
+    this.plan = new SegmentPlan();
+    this.stats = new PlayerStats();
+    this.offset = 0; // the SourceBuffer's timestampOffset: media time = container time + offset
+    this.index = null;
+    this.buffer = null;
+    this.tracks = new Map(); // lang -> {track, cues: ChunkedCues, vtt: Map(id -> VTTCue), closed: Set}
+    this.timers = [];
+    this.stopped = false;
+    this.busy = false;
+    this.placing = null; // {frameS, t}: the presented frame's stream time and media time
+    this.frameListeners = []; // called with each presented frame's record
+  }
+
+  headers() {
+    return this.token ? { Authorization: `Bearer ${this.token}` } : {};
+  }
+
+  async fetchOk(url, what) {
+    const resp = await fetch(url, { headers: this.headers(), cache: "no-store" });
+    if (!resp.ok) {
+      let reason = `${resp.status}`;
+      try {
+        reason = `${resp.status}: ${(await resp.json()).error}`;
+      } catch {
+        /* not JSON: the status says enough */
+      }
+      throw new MsePlayerError(`${what}: ${reason}`);
+    }
+    return resp;
+  }
+
+  async start() {
+    this.onStatus(`stream "${this.stream}": waiting for live segments…`);
+    // Retry until the service has an init segment and one closed segment (a keyframe and a
+    // target duration after the first request).
+    for (;;) {
+      if (this.stopped) return;
+      try {
+        const index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
+        if (index.init !== null && index.segments.length > 0) {
+          this.index = index;
+          break;
+        }
+      } catch (err) {
+        this.onStatus(String(err.message ?? err), true);
+      }
+      await sleep(POLL_MS * 2);
+    }
+    const mime = mimeOf(this.index);
+    if (!MediaSource.isTypeSupported(mime)) throw new MsePlayerError(`this browser cannot play ${mime}`);
+    this.mediaSource = new MediaSource();
+    this.video.src = URL.createObjectURL(this.mediaSource);
+    await new Promise((done) => this.mediaSource.addEventListener("sourceopen", done, { once: true }));
+    this.buffer = this.mediaSource.addSourceBuffer(mime);
+    this.buffer.mode = "segments"; // the bytes' own timestamps place the media
+    this.mime = mime;
+    for (const lang of this.index.languages ?? []) this.captionTrack(lang);
+    this.onStatus(`stream "${this.stream}": MSE, ${mime}`);
+    await this.pollCaptions(this.index.segments[Math.max(0, this.index.segments.length - 2)].start_s);
+    await this.step(this.index);
+    this.timers.push(setInterval(() => this.poll(), POLL_MS));
+    this.timers.push(setInterval(() => this.tick(), TICK_MS));
+    this.timers.push(setInterval(() => this.pollCaptions(), CAPTION_POLL_MS));
+    this.video.addEventListener("waiting", () => this.fixPlayhead(true));
+    this.video.requestVideoFrameCallback((now, meta) => this.onFrame(now, meta));
+  }
+
+  stop() {
+    this.stopped = true;
+    for (const t of this.timers) clearInterval(t);
+  }
+
+  async poll() {
+    if (this.busy || this.stopped) return;
+    this.busy = true;
+    try {
+      const index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
+      this.index = index;
+      for (const lang of index.languages ?? []) this.captionTrack(lang);
+      await this.step(index);
+      // Trimmed here, between appends, so no two SourceBuffer operations overlap.
+      const trim = trimRange(ranges(this.buffer.buffered), this.video.currentTime);
+      if (trim !== null) await this.remove(trim[0], trim[1]);
+    } catch (err) {
+      this.onStatus(String(err.message ?? err), true);
+    } finally {
+      this.busy = false;
+    }
+  }
+
+  async step(index) {
+    for (const action of this.plan.plan(index)) {
+      if (action.type === "init") {
+        const data = await (await this.fetchOk(new URL(action.url, this.media), "init segment")).arrayBuffer();
+        this.appending = action.url;
+        await this.append(data);
+        continue;
+      }
+      const { segment, resync } = action;
+      const data = await (await this.fetchOk(new URL(segment.url, this.media), `segment ${segment.number}`)).arrayBuffer();
+      this.appending = segment.url;
+      if (resync !== null) await this.resync({ ...resync, atS: segment.start_s });
+      const before = ranges(this.buffer.buffered);
+      await this.append(data);
+      const span = added(before, ranges(this.buffer.buffered));
+      const drift = driftOf(segment, this.offset, span);
+      if (drift !== null && Math.abs(drift) > DRIFT_S) {
+        // The bytes' timestamps disagree with the caption timeline: move them onto it.
+        await this.remove(span[0], span[1]);
+        await this.resync({ reason: "drift", correctionS: -drift, atS: segment.start_s }, this.offset - drift);
+        await this.append(data);
+      }
+      this.stats.segments++;
+      if (this.stats.segments === 1 || resync !== null) this.seekInto(segment.start_s + this.offset);
+    }
+    if (this.stats.segments > 0 && this.video.paused) this.video.play().catch(() => {});
+  }
+
+  // Waits for the SourceBuffer, abort()s, sets timestampOffset and counts the resync; the
+  // following append lands on the caption timeline and the caller seeks into it.
+  async resync(correction, offset = this.offset) {
+    await this.idle();
+    if (this.mediaSource.readyState === "open") this.buffer.abort();
+    const moved = offset !== this.offset;
+    this.offset = offset;
+    this.buffer.timestampOffset = offset;
+    this.stats.resync(correction);
+    if (moved) this.placing = null; // cues are placed again from the next frame
+  }
+
+  seekInto(mediaS) {
+    const to = seekTarget(ranges(this.buffer.buffered), mediaS);
+    if (to !== null && Math.abs(this.video.currentTime - to) > 0.002) this.video.currentTime = to;
+  }
+
+  idle() {
+    if (!this.buffer.updating) return Promise.resolve();
+    return new Promise((done) => this.buffer.addEventListener("updateend", done, { once: true }));
+  }
+
+  async append(data) {
+    await this.idle();
+    try {
+      await this.op(() => this.buffer.appendBuffer(data));
+    } catch (err) {
+      if (err.name !== "QuotaExceededError") throw err;
+      // Full: drop what is behind the playhead, then try once more.
+      await this.remove(0, Math.max(0, this.video.currentTime - 2));
+      await this.op(() => this.buffer.appendBuffer(data));
+    }
+  }
+
+  async remove(start, end) {
+    if (!(end > start)) return;
+    await this.idle();
+    await this.op(() => this.buffer.remove(start, end));
+  }
+
+  op(start) {
+    return new Promise((done, fail) => {
+      const ok = () => { off(); done(); };
+      const bad = () => {
+        off();
+        fail(new MsePlayerError(`SourceBuffer error at ${this.appending ?? "init"}: ${this.video.error?.message ?? ""}`));
+      };
+      const off = () => {
+        this.buffer.removeEventListener("updateend", ok);
+        this.buffer.removeEventListener("error", bad);
+      };
+      this.buffer.addEventListener("updateend", ok);
+      this.buffer.addEventListener("error", bad);
+      try {
+        start();
+      } catch (err) {
+        off();
+        fail(err);
+      }
+    });
+  }
+
+  fixPlayhead(stalled = false) {
+    if (this.buffer === null || this.index === null) return;
+    const target = this.index.target_duration_s;
+    const fix = playheadFix(ranges(this.buffer.buffered), this.video.currentTime, {
+      maxLagS: 3 * target + 1, targetLagS: 1.5 * target, stalled,
+    });
+    if (fix === null) return;
+    this.stats.seeks[fix.reason]++;
+    this.video.currentTime = fix.to;
+  }
+
+  tick() {
+    if (this.buffer === null || this.stopped) return;
+    this.fixPlayhead(this.video.readyState < HTMLMediaElement.HAVE_FUTURE_DATA && !this.video.paused);
+    const chunkS = this.index?.caption_chunk_s;
+    if (chunkS) {
+      const t = this.video.currentTime - this.offset;
+      for (const entry of this.tracks.values()) {
+        for (const id of entry.cues.prune(t, chunkS)) this.syncCue(entry, id);
+      }
+    }
+  }
+
+  // --- captions -----------------------------------------------------------------------------
+
+  captionTrack(lang) {
+    let entry = this.tracks.get(lang);
+    if (entry !== undefined) return entry;
+    const track = this.video.addTextTrack("captions", lang, lang);
+    const first = this.tracks.size === 0;
+    track.mode = (this.lang === null ? first : lang === this.lang) ? "showing" : "hidden";
+    entry = { lang, track, cues: new ChunkedCues(), vtt: new Map(), closed: new Set() };
+    this.tracks.set(lang, entry);
+    return entry;
+  }
+
+  selectLanguage(lang) {
+    this.lang = lang;
+    for (const [l, entry] of this.tracks) entry.track.mode = l === lang ? "showing" : "hidden";
+  }
+
+  // Fetches the chunks around the playhead: the one playing and the next (live ones again each
+  // poll; closed ones once, as they never change).
+  async pollCaptions(fromS = null) {
+    const chunkS = this.index?.caption_chunk_s;
+    if (!chunkS || this.stopped) return;
+    const t = Math.max(0, fromS ?? this.video.currentTime - this.offset);
+    const first = Math.floor(t / chunkS);
+    for (const entry of this.tracks.values()) {
+      for (const n of [first, first + 1, first + 2]) {
+        if (entry.closed.has(n)) continue;
+        try {
+          const url = new URL(`${encodeURIComponent(entry.lang)}/chunk-${n}.vtt`, this.captionBase);
+          const resp = await fetch(url, { headers: this.headers(), cache: "no-store" });
+          if (resp.status === 404) break; // a future chunk: nothing to read yet
+          if (!resp.ok) continue;
+          const { cues } = parseChunk(await resp.text(), n * chunkS);
+          if ((resp.headers.get("Cache-Control") ?? "").includes("immutable")) entry.closed.add(n);
+          const { added: changed, removed } = entry.cues.merge(n, cues);
+          for (const id of [...changed, ...removed]) this.syncCue(entry, id, true);
+        } catch (err) {
+          this.stats.captionError = String(err.message ?? err);
+        }
+      }
+    }
+  }
+
+  // Makes the VTTCue of `id` match the cue book and the frame being presented, as attach.js
+  // does for WebRTC players: a cue whose start the frames have not reached yet is kept out of
+  // the way, and is moved under the playhead by the first frame captured in its interval (and
+  // off it by the first captured after). The browser's own cue timer would show it when
+  // currentTime passes, one or two frames late under load (measured); moved in the frame's
+  // callback, it shows on that frame. `force` after the cue itself changed.
+  syncCue(entry, id, force = false) {
+    const cue = entry.cues.cues.get(id);
+    const existing = entry.vtt.get(id);
+    if (cue === undefined || (existing !== undefined && existing.text !== cue.text)) {
+      if (existing !== undefined) {
+        entry.track.removeCue(existing);
+        entry.vtt.delete(id);
+      }
+      if (cue === undefined) return;
+    }
+    if (this.placing === null) return; // no frame presented yet: nothing to place against
+    const { frameS, t } = this.placing;
+    const [start, end] = placeCue(cue, frameS, t);
+    const vtt = entry.vtt.get(id);
+    if (vtt === undefined) {
+      const added = new VTTCue(start, end, cue.text);
+      added.id = id;
+      entry.track.addCue(added);
+      entry.vtt.set(id, added);
+      return;
+    }
+    if (!force && placedWell(vtt, start <= t && t < end, frameS >= cue.end, t)) return;
+    // Widen first, so the cue never has end < start in between.
+    if (end > vtt.endTime) {
+      vtt.endTime = end;
+      vtt.startTime = start;
+    } else {
+      vtt.startTime = start;
+      vtt.endTime = end;
+    }
+  }
+
+  // Per presented frame: its stream time (its pts minus the offset, which is its capture time
+  // minus the epoch); cues are placed for it, and those active give the caption error.
+  onFrame(now, meta) {
+    if (this.stopped) return;
+    const frameS = meta.mediaTime - this.offset;
+    // Placed against currentTime as read now, which the browser's cue timing follows (placed
+    // against the frame's media time instead, cues showed a frame later, measured); right
+    // after a seek currentTime can still read the old position, then the frame's time serves.
+    const current = this.video.currentTime;
+    this.placing = { frameS, t: Math.abs(current - meta.mediaTime) < 0.1 ? current : meta.mediaTime };
+    const shown = [];
+    for (const entry of this.tracks.values()) {
+      for (const id of entry.cues.cues.keys()) this.syncCue(entry, id);
+      if (entry.track.mode !== "showing") continue;
+      for (const vtt of entry.track.activeCues ?? []) {
+        const cue = entry.cues.cues.get(vtt.id);
+        if (cue !== undefined) shown.push(cue);
+      }
+    }
+    this.stats.frame(frameS, shown);
+    this.lastFrame = { frameS, mediaTime: meta.mediaTime, cues: shown.map((c) => c.id) };
+    for (const listener of this.frameListeners) listener(this.lastFrame, meta);
+    this.video.requestVideoFrameCallback((n, m) => this.onFrame(n, m));
+  }
+
+  // What the stats panel and window.sidecarStats show.
+  snapshot() {
+    const buffered = this.buffer === null ? [] : ranges(this.buffer.buffered);
+    const edge = buffered.length ? buffered[buffered.length - 1][1] : null;
+    return {
+      mode: "mse",
+      mime: this.mime ?? null,
+      resyncs: this.stats.resyncs,
+      lastCorrection: this.stats.lastCorrection,
+      offsetS: this.offset,
+      segments: this.stats.segments,
+      seeks: { ...this.stats.seeks },
+      bufferAheadS: edge === null ? null : edge - this.video.currentTime,
+      streamS: this.lastFrame?.frameS ?? null,
+      captionErrorP95Ms: this.stats.captionErrorP95Ms(),
+      cuesShown: this.stats.seenCues.size,
+      captionError: this.stats.captionError ?? null,
+    };
+  }
+}
+
+// Whether a placed cue already has the state the presented frame asks for and keeps it until
+// the next frame: each write makes the browser re-evaluate the track, so cues are left alone
+// while they are right.
+function placedWell(vtt, shouldBeActive, ended, t) {
+  const isActive = vtt.startTime <= t && t < vtt.endTime;
+  if (isActive !== shouldBeActive) return false;
+  if (isActive) return vtt.endTime - t >= GUARD_S / 2;
+  if (ended) return vtt.endTime <= t;
+  return vtt.startTime - t >= GUARD_S / 2;
+}
+
+function sleep(ms) {
+  return new Promise((done) => setTimeout(done, ms));
+}

@@ -1,0 +1,120 @@
+// The MSE player's decisions: segment order, discontinuity and drift resyncs, playhead fixes.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+
+import {
+  added, driftOf, DRIFT_S, playheadFix, PlayerStats, seekTarget, SegmentPlan, trimRange,
+} from "../msemodel.js";
+
+function seg(sequence, start, { duration = 1, discontinuity = false, init = 1 } = {}) {
+  const number = Math.floor(start * 1000);
+  return { sequence, number, start_s: start, duration_s: duration, discontinuity, init, url: `${number}.webm` };
+}
+
+function index(segments, init = "init.webm?v=1") {
+  return { init, target_duration_s: 1, segments };
+}
+
+test("starts one closed segment behind the newest, with its init first", () => {
+  const plan = new SegmentPlan();
+  const actions = plan.plan(index([seg(0, 10), seg(1, 11), seg(2, 12)]));
+  assert.deepEqual(actions.map((a) => a.type), ["init", "segment", "segment"]);
+  assert.deepEqual(actions.slice(1).map((a) => a.segment.sequence), [1, 2]);
+  assert.ok(actions.every((a) => a.type === "init" || a.resync === null));
+  assert.deepEqual(plan.plan(index([seg(1, 11), seg(2, 12)])), []); // nothing new
+  const next = plan.plan(index([seg(2, 12), seg(3, 13)]));
+  assert.deepEqual(next.map((a) => [a.type, a.segment?.sequence, a.resync]), [["segment", 3, null]]);
+});
+
+test("nothing before the init segment and a closed segment exist", () => {
+  const plan = new SegmentPlan();
+  assert.deepEqual(plan.plan({ init: null, segments: [] }), []);
+  assert.deepEqual(plan.plan(index([])), []);
+  assert.equal(plan.next, null);
+});
+
+test("a discontinuity is one resync, on the segment that carries it", () => {
+  const plan = new SegmentPlan({ startBehind: 0 });
+  plan.plan(index([seg(0, 10), seg(1, 11)]));
+  const actions = plan.plan(index([seg(1, 11), seg(2, 13.1, { discontinuity: true }), seg(3, 14.1)]));
+  assert.deepEqual(actions.map((a) => a.resync?.reason ?? null), ["discontinuity", null]);
+  assert.ok(Math.abs(actions[0].resync.jumpS - 1.1) < 1e-9);
+});
+
+test("a start jump past 0.8 s without the flag is a resync; a smaller one is not", () => {
+  const plan = new SegmentPlan({ startBehind: 0 });
+  plan.plan(index([seg(0, 10)]));
+  assert.equal(plan.plan(index([seg(1, 11.5)]))[0].resync, null); // 0.5 s late: not a break
+  const [jump] = plan.plan(index([seg(2, 13.4)])); // expected 12.5
+  assert.equal(jump.resync.reason, "jump");
+  assert.ok(Math.abs(jump.resync.jumpS - 0.9) < 1e-9);
+});
+
+test("a window that slid past unfetched segments resyncs once", () => {
+  const plan = new SegmentPlan({ startBehind: 0 });
+  plan.plan(index([seg(0, 10)]));
+  const actions = plan.plan(index([seg(5, 15), seg(6, 16)]));
+  assert.deepEqual(actions.map((a) => a.resync?.reason ?? null), ["window", null]);
+});
+
+test("a new init version is appended before the segment that needs it", () => {
+  const plan = new SegmentPlan({ startBehind: 0 });
+  plan.plan(index([seg(0, 10)]));
+  const actions = plan.plan(index([seg(1, 11, { init: 2, discontinuity: true })], "init.webm?v=2"));
+  assert.deepEqual(actions.map((a) => a.type), ["init", "segment"]);
+  assert.equal(actions[0].url, "init.webm?v=2");
+  assert.equal(actions[1].resync.reason, "discontinuity");
+});
+
+test("added: the span an append buffered", () => {
+  assert.deepEqual(added([], [[10, 11]]), [10, 11]);
+  assert.deepEqual(added([[10, 11]], [[10, 12]]), [11, 12]); // extended a range
+  assert.deepEqual(added([[10, 11]], [[10, 11], [13, 14]]), [13, 14]); // a new range
+  assert.equal(added([[10, 11]], [[10, 11]]), null); // a repeat append
+  assert.equal(added([[10, 11]], [[10, 11.0005]]), null); // rounding at the edge
+});
+
+test("drift: where the media landed against the caption timeline", () => {
+  const s = seg(3, 20);
+  assert.equal(driftOf(s, 0, [20.01, 21]), 0.010000000000001563);
+  assert.ok(Math.abs(driftOf(s, 0, [25, 26]) - 5) < 1e-9); // bytes five seconds late
+  assert.ok(Math.abs(driftOf(s, -5, [20, 21]) - 5) < 1e-9); // offset moved media ahead of captions
+  assert.ok(Math.abs(driftOf(s, 0, [19.9, 21])) < DRIFT_S);
+  assert.equal(driftOf(s, 0, null), null);
+});
+
+test("seek target: inside a range, or the next one", () => {
+  assert.equal(seekTarget([[10, 12], [14, 16]], 11), 11.001);
+  assert.equal(seekTarget([[10, 12], [14, 16]], 12.5), 14.001);
+  assert.equal(seekTarget([[10, 12]], 20), null);
+});
+
+test("playhead: live-edge jump, hole skip, and leave alone", () => {
+  const opts = { maxLagS: 4, targetLagS: 1.5 };
+  assert.deepEqual(playheadFix([[10, 20]], 11, opts), { reason: "live-edge", to: 18.5 });
+  assert.deepEqual(playheadFix([[10, 12], [13, 16]], 12, opts), { reason: "hole", to: 13.001 });
+  assert.equal(playheadFix([[10, 12], [13, 14]], 11, opts), null); // playing, not behind
+  assert.deepEqual(playheadFix([[10, 12], [13, 14]], 11.5, { ...opts, stalled: true }), { reason: "hole", to: 13.001 });
+  assert.equal(playheadFix([], 0, opts), null);
+  assert.equal(playheadFix([[10, 12], [30, 31]], 12, { ...opts, maxLagS: 40 }), null); // too far to skip
+});
+
+test("trim keeps 20 s behind the playhead, in steps", () => {
+  assert.equal(trimRange([[0, 40]], 25), null);
+  assert.deepEqual(trimRange([[0, 40]], 31), [0, 11]);
+  assert.equal(trimRange([], 31), null);
+});
+
+test("stats: one resync counted per call; a cue's error from its first frame", () => {
+  const stats = new PlayerStats();
+  stats.resync({ reason: "discontinuity", jumpS: 1, atS: 5 });
+  assert.equal(stats.resyncs, 1);
+  assert.deepEqual(stats.lastCorrection, { reason: "discontinuity", jumpS: 1, atS: 5 });
+  const cue = { id: "a", start: 2 };
+  stats.frame(1.99, [cue]); // shown on a frame captured 10 ms before it starts
+  stats.frame(2.02, [cue]);
+  assert.equal(stats.captionErrorsMs.length, 1);
+  assert.ok(Math.abs(stats.captionErrorsMs[0] + 10) < 1e-6);
+  assert.ok(Math.abs(stats.captionErrorP95Ms() - 10) < 1e-6);
+});
+

@@ -1,0 +1,80 @@
+// Caption chunks into stream-time cues: timestamp map, ids, merging and retraction per chunk.
+import { test } from "node:test";
+import assert from "node:assert/strict";
+
+import { ChunkedCues, mapOffset, parseChunk, parseTimestamp, VttError } from "../vttchunk.js";
+
+const CHUNK = `WEBVTT
+X-TIMESTAMP-MAP=MPEGTS:540000,LOCAL:00:00:06.000
+X-STREAM-EPOCH-NS=1700000000000000000
+
+c1
+00:00:05.500 --> 00:00:07.000 line:90%
+hello
+world
+
+c2
+00:00:07.250 --> 00:00:08.000
+again
+`;
+
+test("timestamps", () => {
+  assert.equal(parseTimestamp("00:00:05.500"), 5.5);
+  assert.equal(parseTimestamp("01:02.003"), 62.003);
+  assert.equal(parseTimestamp("27:00:00.000"), 97200);
+  assert.throws(() => parseTimestamp("5.5"), VttError);
+});
+
+test("a chunk with the identity map: cue times are stream times, ids kept", () => {
+  const { offset, cues } = parseChunk(CHUNK, 6);
+  assert.equal(offset, 0);
+  assert.deepEqual(cues, [
+    { id: "c1", start: 5.5, end: 7, text: "hello\nworld" },
+    { id: "c2", start: 7.25, end: 8, text: "again" },
+  ]);
+});
+
+test("a map to other media times moves the cues", () => {
+  const shifted = CHUNK.replace("MPEGTS:540000", "MPEGTS:900000"); // 10 s for cue time 6 s
+  const { offset, cues } = parseChunk(shifted, 10);
+  assert.equal(offset, 4);
+  assert.equal(cues[0].start, 9.5);
+});
+
+test("the 33-bit MPEGTS wrap is undone near the chunk's time", () => {
+  const wrapS = 2 ** 33 / 90000;
+  const local = 100000; // past one wrap (~95443.7 s)
+  const mpegts = Math.round(((local % wrapS) * 90000));
+  const header = `WEBVTT\nX-TIMESTAMP-MAP=MPEGTS:${mpegts},LOCAL:27:46:40.000`;
+  assert.ok(Math.abs(mapOffset(header, local)) < 1e-3);
+});
+
+test("not WebVTT, or a map without its fields, is an error", () => {
+  assert.throws(() => parseChunk("hello"), VttError);
+  assert.throws(() => parseChunk("WEBVTT\nX-TIMESTAMP-MAP=LOCAL:00:00:00.000\n"), VttError);
+});
+
+test("cues without ids get one from times and text; NOTE blocks are skipped", () => {
+  const { cues } = parseChunk("WEBVTT\n\nNOTE a note\n\n00:00:01.000 --> 00:00:02.000\nx\n");
+  assert.deepEqual(cues, [{ id: "1.000-2.000-x", start: 1, end: 2, text: "x" }]);
+});
+
+test("merging: a newer copy of a chunk retracts what it no longer holds", () => {
+  const book = new ChunkedCues();
+  const a = { id: "a", start: 1, end: 3, text: "a" };
+  const b = { id: "b", start: 2, end: 2.5, text: "b" };
+  assert.deepEqual(book.merge(0, [a, b]), { added: ["a", "b"], removed: [] });
+  assert.deepEqual(book.merge(1, [a]), { added: [], removed: [] }); // a crosses into chunk 1
+  assert.deepEqual(book.merge(0, [a, { ...b, text: "B" }]), { added: ["b"], removed: [] });
+  assert.deepEqual(book.merge(0, []), { added: [], removed: ["b"] }); // a is still in chunk 1
+  assert.deepEqual([...book.cues.keys()], ["a"]);
+  assert.deepEqual(book.merge(1, []), { added: [], removed: ["a"] });
+});
+
+test("prune forgets old chunks and their cues", () => {
+  const book = new ChunkedCues();
+  book.merge(0, [{ id: "a", start: 1, end: 2, text: "a" }]);
+  book.merge(20, [{ id: "z", start: 41, end: 42, text: "z" }]);
+  assert.deepEqual(book.prune(40, 2, 30), ["a"]);
+  assert.deepEqual([...book.cues.keys()], ["z"]);
+});
