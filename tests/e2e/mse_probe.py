@@ -10,8 +10,10 @@ time minus the SourceBuffer offset) and the cues active on the text track.
 
 With ``--gap S`` the publisher leaves half-way and a new one (new RTP timestamp base, same
 frame numbering and capture clock) comes back S seconds later: a discontinuity on the stream
-timeline. Prints one JSON line: frames, the true capture time of every frame number, the cues,
-the stream epoch and the player's stats.
+timeline. With ``--drift S`` the page loads through a proxy that, from half-way on, lists every
+new segment S seconds later in the index than the bytes' own timestamps say: media whose
+timestamps have drifted off the caption timeline. Prints one JSON line: frames, the true
+capture time of every frame number, the cues, the stream epoch and the player's stats.
 """
 
 from __future__ import annotations
@@ -83,6 +85,41 @@ STATE_JS = """
 """
 
 
+class DriftProxy:
+    """A reverse proxy in front of the service; from ``drift_from_s`` (stream time) on, the
+    segment index lists segments ``drift_s`` later than their bytes' timestamps."""
+
+    def __init__(self, upstream: str, drift_s: float) -> None:
+        self.upstream = upstream
+        self.drift_s = drift_s
+        self.drift_from_s: float | None = None
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("GET", "/{tail:.*}", self.forward)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+
+    async def forward(self, request: web.Request) -> web.Response:
+        async with aiohttp.ClientSession() as http, http.get(
+            self.upstream + request.path_qs, headers={"Authorization":
+                                                      request.headers.get("Authorization", "")}
+        ) as resp:
+            body = await resp.read()
+            headers = {k: v for k, v in resp.headers.items()
+                       if k in ("Content-Type", "Cache-Control")}
+            if request.path.endswith("/media/index.json") and resp.status == 200:
+                index = json.loads(body)
+                for segment in index["segments"]:
+                    if self.drift_from_s is not None and segment["start_s"] >= self.drift_from_s:
+                        segment["start_s"] += self.drift_s
+                body = json.dumps(index).encode()
+            return web.Response(status=resp.status, body=body, headers=headers)
+
+
 class Service:
     """The app and the publisher on their own event loop."""
 
@@ -96,6 +133,7 @@ class Service:
         self.video = FlashVideoTrack(self.timeline)
         self.audio = BeepAudioTrack(self.timeline)
         self.session: WhipSession | None = None
+        self.extra_runners: list[web.AppRunner] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -174,6 +212,8 @@ class Service:
             return (await resp.json())["epoch_ns"]  # type: ignore[no-any-return]
 
     async def _stop(self) -> None:
+        for runner in self.extra_runners:
+            await runner.cleanup()
         if self.session is not None:
             await self.session.close()
         await self.runner.cleanup()
@@ -188,18 +228,23 @@ def main() -> None:
     parser.add_argument("--codec", choices=("vp8", "h264"), default="vp8")
     parser.add_argument("--watch", type=float, default=10.0)
     parser.add_argument("--gap", type=float, default=0.0)
+    parser.add_argument("--drift", type=float, default=0.0)
     args = parser.parse_args()
 
     service = Service(args.codec)
     service.thread.start()
     if not service.ready.wait(30):
         raise SystemExit("service did not start")
-    total_s = args.watch * (2 if args.gap else 1) + args.gap + 10
+    proxy = DriftProxy(service.base, args.drift)
+    service.call(proxy.start())
+    service.extra_runners.append(proxy.runner)
+    total_s = args.watch * (2 if args.gap or args.drift else 1) + args.gap + 10
     cues = service.call(service.post_cues(time.time_ns() + 1_000_000_000,
                                           int(total_s / CUE_EVERY_S) + 1))
     from playwright.sync_api import sync_playwright
 
-    result: dict[str, Any] = {"cues": cues, "codec": args.codec, "gap_s": args.gap}
+    result: dict[str, Any] = {"cues": cues, "codec": args.codec, "gap_s": args.gap,
+                              "drift_s": args.drift}
     with BROWSER_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         with sync_playwright() as pw:
@@ -207,7 +252,7 @@ def main() -> None:
             page = browser.new_page()
             page.on("console", lambda m: print("page:", m.text, file=sys.stderr))
             page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
-            page.goto(f"{service.base}/?stream={STREAM}&mode=mse")
+            page.goto(f"{proxy.base}/?stream={STREAM}&mode=mse")
             page.wait_for_function("() => window.sfuViewer?.player !== undefined", timeout=10000)
             page.evaluate(RECORD_JS)
             try:
@@ -223,6 +268,12 @@ def main() -> None:
                 time.sleep(args.gap)
                 service.call(service.come_back())
                 result["back_wall_ms"] = time.time_ns() // 1_000_000
+                time.sleep(args.watch)
+            if args.drift:
+                result["before_drift"] = page.evaluate("() => window.sidecarStats")
+                epoch = service.call(service.epoch())
+                proxy.drift_from_s = (time.time_ns() - epoch) / 1e9 + 0.5
+                result["drift_from_s"] = proxy.drift_from_s
                 time.sleep(args.watch)
             result["stats"] = page.evaluate("() => window.sidecarStats")
             result["current_time"] = [started, page.evaluate(

@@ -32,7 +32,13 @@ export class MsePlayer {
     this.onStatus = onStatus;
     this.plan = new SegmentPlan();
     this.stats = new PlayerStats();
-    this.offset = 0; // the SourceBuffer's timestampOffset: media time = container time + offset
+    // Two timelines meet here. `shift`: media time = stream time + shift, fixed for the
+    // player's life (captions and frames are placed with it). `offset`: the SourceBuffer's
+    // timestampOffset, media time = container time + offset. The service writes stream time
+    // into the containers, so the two agree; a drift resync moves `offset` until the bytes land
+    // where the index (stream time) says, and leaves `shift` alone.
+    this.shift = 0;
+    this.offset = 0;
     this.index = null;
     this.buffer = null;
     this.tracks = new Map(); // lang -> {track, cues: ChunkedCues, vtt: Map(id -> VTTCue), closed: Set}
@@ -135,7 +141,7 @@ export class MsePlayer {
       const before = ranges(this.buffer.buffered);
       await this.append(data);
       const span = added(before, ranges(this.buffer.buffered));
-      const drift = driftOf(segment, this.offset, span);
+      const drift = driftOf(segment, this.shift, span);
       if (drift !== null && Math.abs(drift) > DRIFT_S) {
         // The bytes' timestamps disagree with the caption timeline: move them onto it.
         await this.remove(span[0], span[1]);
@@ -143,7 +149,7 @@ export class MsePlayer {
         await this.append(data);
       }
       this.stats.segments++;
-      if (this.stats.segments === 1 || resync !== null) this.seekInto(segment.start_s + this.offset);
+      if (this.stats.segments === 1 || resync !== null) this.seekInto(segment.start_s + this.shift);
     }
     if (this.stats.segments > 0 && this.video.paused) this.video.play().catch(() => {});
   }
@@ -153,11 +159,9 @@ export class MsePlayer {
   async resync(correction, offset = this.offset) {
     await this.idle();
     if (this.mediaSource.readyState === "open") this.buffer.abort();
-    const moved = offset !== this.offset;
     this.offset = offset;
     this.buffer.timestampOffset = offset;
     this.stats.resync(correction);
-    if (moved) this.placing = null; // cues are placed again from the next frame
   }
 
   seekInto(mediaS) {
@@ -226,7 +230,7 @@ export class MsePlayer {
     this.fixPlayhead(this.video.readyState < HTMLMediaElement.HAVE_FUTURE_DATA && !this.video.paused);
     const chunkS = this.index?.caption_chunk_s;
     if (chunkS) {
-      const t = this.video.currentTime - this.offset;
+      const t = this.video.currentTime - this.shift;
       for (const entry of this.tracks.values()) {
         for (const id of entry.cues.prune(t, chunkS)) this.syncCue(entry, id);
       }
@@ -256,7 +260,7 @@ export class MsePlayer {
   async pollCaptions(fromS = null) {
     const chunkS = this.index?.caption_chunk_s;
     if (!chunkS || this.stopped) return;
-    const t = Math.max(0, fromS ?? this.video.currentTime - this.offset);
+    const t = Math.max(0, fromS ?? this.video.currentTime - this.shift);
     const first = Math.floor(t / chunkS);
     for (const entry of this.tracks.values()) {
       for (const n of [first, first + 1, first + 2]) {
@@ -315,11 +319,11 @@ export class MsePlayer {
     }
   }
 
-  // Per presented frame: its stream time (its pts minus the offset, which is its capture time
+  // Per presented frame: its stream time (its media time minus the shift, which is its capture time
   // minus the epoch); cues are placed for it, and those active give the caption error.
   onFrame(now, meta) {
     if (this.stopped) return;
-    const frameS = meta.mediaTime - this.offset;
+    const frameS = meta.mediaTime - this.shift;
     // Placed against currentTime as read now, which the browser's cue timing follows (placed
     // against the frame's media time instead, cues showed a frame later, measured); right
     // after a seek currentTime can still read the old position, then the frame's time serves.
@@ -350,6 +354,7 @@ export class MsePlayer {
       resyncs: this.stats.resyncs,
       lastCorrection: this.stats.lastCorrection,
       offsetS: this.offset,
+      shiftS: this.shift,
       segments: this.stats.segments,
       seeks: { ...this.stats.seeks },
       bufferAheadS: edge === null ? null : edge - this.video.currentTime,

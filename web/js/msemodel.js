@@ -4,9 +4,10 @@
 //
 // Timelines: a segment's index entry gives its start in stream time (capture time minus the
 // stream epoch, the captions' timeline). The bytes carry their own timestamps, which the service
-// writes as stream time too. The SourceBuffer adds `offset` (its timestampOffset), so a frame at
-// container time c plays at media time c + offset, and a cue at stream time s must be placed at
-// s + offset. Resync keeps that true when the media stops agreeing with the index.
+// writes as stream time too. The SourceBuffer adds its timestampOffset, so a frame at container
+// time c plays at media time c + offset; the player keeps media time = stream time + shift,
+// where cues and frames are placed. Resync moves the offset when the bytes stop agreeing with
+// the index, so that stays true.
 
 // A frame more than this away from where the caption timeline puts it is resynced.
 export const DRIFT_S = 0.2;
@@ -91,13 +92,13 @@ export function added(before, after) {
   return start === Infinity ? null : [start, end];
 }
 
-// After appending `segment` at `offset`: how far its media landed from where the caption
-// timeline wants it (media start minus stream start plus offset). A segment appended next to
+// After appending `segment`: how far its media landed from where the caption timeline wants it
+// (media start minus stream start plus `shift`). A segment appended next to
 // buffered media extends that range, so its added span starts where the previous one ended,
 // which is where the segment should start too when both are right.
-export function driftOf(segment, offset, span) {
+export function driftOf(segment, shift, span) {
   if (span === null) return null;
-  return span[0] - (segment.start_s + offset);
+  return span[0] - (segment.start_s + shift);
 }
 
 // Where to put the playhead after a resync: the start of the buffered range holding `mediaS`,
