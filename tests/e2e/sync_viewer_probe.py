@@ -37,6 +37,12 @@ RECORD_JS = """
   const canvas = document.createElement('canvas');
   const ctx = canvas.getContext('2d', {willReadFrequently: true});
   window.probeFrames = [];
+  // The text of the cues the browser shows on the <video> (its showing caption track).
+  window.shownCaption = () => {
+    const track = [...video.textTracks].find((t) => t.mode === 'showing');
+    return track ? [...(track.activeCues ?? [])].map((c) => c.text).join('\\n') : '';
+  };
+  const shownCaption = window.shownCaption;
   window.probeSources = [];
   window.sfuViewer.frameListeners.push((record, meta) => {
     const w = video.videoWidth;
@@ -55,7 +61,7 @@ RECORD_JS = """
       n, rtp: meta.rtpTimestamp,
       capture: record.captureNs === null ? null : String(record.captureNs),
       estimated: track ? Boolean(track[1].estimated) : null,
-      caption: document.getElementById('caption').textContent,
+      caption: shownCaption(),
     });
     // abs-capture-time as Chromium reports it for the last played frame.
     const receiver = window.sfuViewer.session?.pc.getReceivers()
@@ -152,8 +158,7 @@ def main() -> None:
             time.sleep(0.5)
             with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/sync") as resp:
                 result["sync_status"] = json.loads(resp.read())
-            result["caption"] = page.evaluate(
-                "() => document.getElementById('caption').textContent")
+            result["caption"] = page.evaluate("() => window.shownCaption()")
             browser.close()
     assert service.video is not None
     result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}

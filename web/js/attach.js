@@ -22,9 +22,13 @@
 
 import { CueBook } from "./captions.js";
 import { joinClock } from "./clocksync.js";
+import { FrameCues } from "./cuetrack.js";
 import { median, PlayoutMeter } from "./playout.js";
 import { SOURCES } from "./syncwire.js";
 import { ABS_CAPTURE_TIME } from "./whep.js";
+
+// Cue placement per presented frame (cuetrack.js), exported here as before.
+export { GUARD_S, placeCue } from "./cuetrack.js";
 
 // For the page's own connection: asks Chromium to negotiate abs-capture-time on a transceiver
 // (it does not by default), before the SDP that negotiates it is made.
@@ -38,10 +42,6 @@ export const NTP_EPOCH_UNIX_MS = 2_208_988_800_000; // 1900-01-01 to 1970-01-01
 export const VIDEO_RTP_HZ = 90_000;
 // A sample this far off the capture line learnt so far starts a new one.
 const DISCONTINUITY_NS = 5_000_000n;
-// How far a cue boundary not yet reached is pushed past the presented frame: longer than any
-// gap between frames at a usable frame rate, so currentTime running on does not cross it
-// between two frames; if frames stall longer, a pending cue may show on the last one.
-export const GUARD_S = 0.5;
 // Frames whose estimated capture times are smoothed together (about a second of video).
 const SMOOTH_FRAMES = 31;
 const REJOIN_MS = 60_000; // as the viewer page: a browser clock drifts, the join is renewed
@@ -112,26 +112,6 @@ export function perfToHouseNs(perfMs, offsetNs, timeOrigin = globalThis.performa
   return BigInt(Math.round((timeOrigin + perfMs) * 1e6)) + offsetNs;
 }
 
-// Where a cue goes on the video.currentTime timeline, decided for the frame being presented.
-//
-// Chromium's currentTime for a MediaStream runs on continuously with the wall clock between
-// frames (it is not the presented frame's mediaTime), and the browser re-evaluates cues at
-// moments of its own (a timer, timeupdate). So cues are placed anew for each presented frame,
-// relative to currentTime `t` as read in that frame's requestVideoFrameCallback (cue changes made
-// there apply before the frame is painted): a cue is active now exactly when the frame's capture
-// stream time `frameS` is in [start, end); a boundary still ahead is put `guardS` further out, so
-// currentTime running on does not cross it between frames: it is crossed at the frame whose
-// capture time reaches it, when this is called again. Returns [startTime, endTime].
-export function placeCue(cue, frameS, t, guardS = GUARD_S) {
-  if (frameS < cue.start) {
-    const start = t + guardS + (cue.start - frameS);
-    return [start, start + (cue.end - cue.start)];
-  }
-  const start = t - (frameS - cue.start);
-  if (frameS < cue.end) return [start, t + guardS + (cue.end - frameS)];
-  return [start, t - (frameS - cue.end)];
-}
-
 // Why abs-capture-time is not there, as precisely as the receiver lets us say.
 export function absMissingReason(receiver) {
   let negotiated = null;
@@ -173,10 +153,9 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
   const meter = new PlayoutMeter();
   const track = video.addTextTrack("captions", label, lang);
   track.mode = "showing";
-  const vttCues = new Map(); // cue id -> VTTCue on `track`
+  const cues = new FrameCues(track); // the VTTCues, placed per presented frame
   const captureLog = new CaptureLog();
   const offsets = []; // recent (media time - estimated capture stream time), seconds
-  let placing = null; // the presented frame cues are placed for: {frameS, t}
   let since = 0;
   let stopped = false;
   let frameHandle = null;
@@ -245,51 +224,9 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     if (!stopped) pollTimer = setTimeout(poll, pollMs);
   }
 
-  // Adds, moves or removes the VTTCue of book cue `id` to match the book and the frame being
-  // presented (`placing`: its capture stream time and currentTime as read for it); `force` after
-  // the cue itself changed.
   function syncCue(id, force = false) {
-    const cue = book.cues.get(id);
-    const existing = vttCues.get(id);
-    if (cue === undefined) {
-      if (existing) {
-        track.removeCue(existing);
-        vttCues.delete(id);
-      }
-      return;
-    }
-    if (placing === null) return; // no frame mapped yet: nothing to place against
-    const { frameS, t } = placing;
-    const [start, end] = placeCue(cue, frameS, t);
-    if (existing === undefined) {
-      const vtt = new VTTCue(start, end, cue.text);
-      vtt.id = id;
-      track.addCue(vtt);
-      vttCues.set(id, vtt);
-      return;
-    }
-    if (existing.text !== cue.text) existing.text = cue.text;
-    if (!force && placedWell(existing, start <= t && t < end, frameS >= cue.end, t)) return;
-    stats.replacements++;
-    // Widen first, so the cue never has end < start in between.
-    if (end > existing.endTime) {
-      existing.endTime = end;
-      existing.startTime = start;
-    } else {
-      existing.startTime = start;
-      existing.endTime = end;
-    }
-  }
-
-  // Whether a placed cue already has the state the presented frame asks for and keeps it until
-  // the next frame: each write makes the browser re-evaluate the track, so cues are left alone
-  // while they are right (a cue moves when the frame-to-capture relation crosses its boundary).
-  function placedWell(vtt, shouldBeActive, ended, t) {
-    const isActive = vtt.startTime <= t && t < vtt.endTime;
-    if (isActive !== shouldBeActive) return false;
-    if (isActive) return vtt.endTime - t >= GUARD_S / 2;
-    if (ended) return vtt.endTime <= t;
-    return vtt.startTime - t >= GUARD_S / 2;
+    cues.sync(id, book.cues.get(id), force);
+    stats.replacements = cues.replacements;
   }
 
   // The capture time (BigInt house ns) of the frame rVFC reports, and where it came from.
@@ -342,8 +279,8 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     } else {
       offsets.length = 0;
     }
-    placing = { frameS: streamS, t: video.currentTime };
-    stats.relationS = placing.t - streamS;
+    cues.place(streamS, video.currentTime);
+    stats.relationS = cues.placing.t - streamS;
     for (const id of book.cues.keys()) syncCue(id);
     // Caption timing as the viewer page reports it: capture time of the first frame showing
     // each cue minus the cue's start.
@@ -355,7 +292,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     if (meter.captionErrorsMs.length) stats.captionErrorMs = median(meter.captionErrorsMs);
     if (stats.presented % 300 === 0) {
       book.prune(streamS); // bounded memory, as the viewer page; their VTTCues go with them
-      for (const id of [...vttCues.keys()]) if (!book.cues.has(id)) syncCue(id);
+      for (const id of [...cues.vtt.keys()]) if (!book.cues.has(id)) syncCue(id);
     }
   }
 
@@ -369,8 +306,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     clearTimeout(pollTimer);
     clearInterval(rejoinTimer);
     if (frameHandle !== null) video.cancelVideoFrameCallback(frameHandle);
-    for (const vtt of vttCues.values()) track.removeCue(vtt);
-    vttCues.clear();
+    cues.clear();
     track.mode = "disabled"; // a TextTrack cannot be removed from its element; it is hidden
   }
 

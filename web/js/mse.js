@@ -5,7 +5,7 @@
 import {
   added, driftOf, DRIFT_S, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
 } from "./msemodel.js";
-import { GUARD_S, placeCue } from "./attach.js";
+import { FrameCues } from "./cuetrack.js";
 import { ChunkedCues, parseChunk } from "./vttchunk.js";
 
 const POLL_MS = 250; // index polls: a new segment is appended within this of being listed
@@ -45,7 +45,6 @@ export class MsePlayer {
     this.timers = [];
     this.stopped = false;
     this.busy = false;
-    this.placing = null; // {frameS, t}: the presented frame's stream time and media time
     this.frameListeners = []; // called with each presented frame's record
   }
 
@@ -245,7 +244,7 @@ export class MsePlayer {
     const track = this.video.addTextTrack("captions", lang, lang);
     const first = this.tracks.size === 0;
     track.mode = (this.lang === null ? first : lang === this.lang) ? "showing" : "hidden";
-    entry = { lang, track, cues: new ChunkedCues(), vtt: new Map(), closed: new Set() };
+    entry = { lang, track, cues: new ChunkedCues(), placer: new FrameCues(track), closed: new Set() };
     this.tracks.set(lang, entry);
     return entry;
   }
@@ -281,42 +280,12 @@ export class MsePlayer {
     }
   }
 
-  // Makes the VTTCue of `id` match the cue book and the frame being presented, as attach.js
-  // does for WebRTC players: a cue whose start the frames have not reached yet is kept out of
-  // the way, and is moved under the playhead by the first frame captured in its interval (and
-  // off it by the first captured after). The browser's own cue timer would show it when
-  // currentTime passes, one or two frames late under load (measured); moved in the frame's
-  // callback, it shows on that frame. `force` after the cue itself changed.
+  // Makes the VTTCue of `id` match the cue book and the frame being presented (cuetrack.js):
+  // a cue is moved under the playhead by the first frame captured in its interval and off it
+  // by the first captured after. Left to the browser's own cue timer, a cue placed at its
+  // start showed one to two frames late under load (measured). `force` after the cue changed.
   syncCue(entry, id, force = false) {
-    const cue = entry.cues.cues.get(id);
-    const existing = entry.vtt.get(id);
-    if (cue === undefined || (existing !== undefined && existing.text !== cue.text)) {
-      if (existing !== undefined) {
-        entry.track.removeCue(existing);
-        entry.vtt.delete(id);
-      }
-      if (cue === undefined) return;
-    }
-    if (this.placing === null) return; // no frame presented yet: nothing to place against
-    const { frameS, t } = this.placing;
-    const [start, end] = placeCue(cue, frameS, t);
-    const vtt = entry.vtt.get(id);
-    if (vtt === undefined) {
-      const added = new VTTCue(start, end, cue.text);
-      added.id = id;
-      entry.track.addCue(added);
-      entry.vtt.set(id, added);
-      return;
-    }
-    if (!force && placedWell(vtt, start <= t && t < end, frameS >= cue.end, t)) return;
-    // Widen first, so the cue never has end < start in between.
-    if (end > vtt.endTime) {
-      vtt.endTime = end;
-      vtt.startTime = start;
-    } else {
-      vtt.startTime = start;
-      vtt.endTime = end;
-    }
+    entry.placer.sync(id, entry.cues.cues.get(id), force);
   }
 
   // Per presented frame: its stream time (its media time minus the shift, which is its capture time
@@ -328,15 +297,12 @@ export class MsePlayer {
     // against the frame's media time instead, cues showed a frame later, measured); right
     // after a seek currentTime can still read the old position, then the frame's time serves.
     const current = this.video.currentTime;
-    this.placing = { frameS, t: Math.abs(current - meta.mediaTime) < 0.1 ? current : meta.mediaTime };
+    const t = Math.abs(current - meta.mediaTime) < 0.1 ? current : meta.mediaTime;
     const shown = [];
     for (const entry of this.tracks.values()) {
-      for (const id of entry.cues.cues.keys()) this.syncCue(entry, id);
-      if (entry.track.mode !== "showing") continue;
-      for (const vtt of entry.track.activeCues ?? []) {
-        const cue = entry.cues.cues.get(vtt.id);
-        if (cue !== undefined) shown.push(cue);
-      }
+      entry.placer.place(frameS, t);
+      entry.placer.syncAll(entry.cues.cues);
+      if (entry.track.mode === "showing") shown.push(...entry.placer.active(entry.cues.cues));
     }
     this.stats.frame(frameS, shown);
     this.lastFrame = { frameS, mediaTime: meta.mediaTime, cues: shown.map((c) => c.id) };
@@ -364,17 +330,6 @@ export class MsePlayer {
       captionError: this.stats.captionError ?? null,
     };
   }
-}
-
-// Whether a placed cue already has the state the presented frame asks for and keeps it until
-// the next frame: each write makes the browser re-evaluate the track, so cues are left alone
-// while they are right.
-function placedWell(vtt, shouldBeActive, ended, t) {
-  const isActive = vtt.startTime <= t && t < vtt.endTime;
-  if (isActive !== shouldBeActive) return false;
-  if (isActive) return vtt.endTime - t >= GUARD_S / 2;
-  if (ended) return vtt.endTime <= t;
-  return vtt.startTime - t >= GUARD_S / 2;
 }
 
 function sleep(ms) {

@@ -8,13 +8,6 @@ export function setStatus(text, isError = false) {
   el.classList.toggle("error", isError);
 }
 
-export function showCaptions(cues) {
-  const el = $("caption");
-  const text = cues.map((c) => c.text).join("\n");
-  if (el.textContent !== text) el.textContent = text;
-  el.hidden = text === "";
-}
-
 export function showFrameInfo({ streamS, source, mapped, presented, lostBatches }) {
   $("stream-time").textContent = streamS === null ? "–" : streamS.toFixed(3);
   $("source").textContent = source ?? "–";

@@ -2,6 +2,7 @@
 
 import { CueBook } from "./captions.js";
 import { browserNowNs, ClockJoin, parseResponse, request } from "./clocksync.js";
+import { FrameCues } from "./cuetrack.js";
 import { PlayoutMeter } from "./playout.js";
 import { parseMessage, serializeMessage, SOURCES, SyncState } from "./syncwire.js";
 import * as ui from "./ui.js";
@@ -90,6 +91,48 @@ function onSyncMessage(event) {
   }
 }
 
+// Captions as VTTCues on a text track per language of the <video> (rendered by the browser,
+// selectable), placed for each presented frame by its capture time (cuetrack.js).
+const cueTracks = new Map(); // lang -> FrameCues
+let shownLang = params.get("lang");
+
+function cueTrack(lang) {
+  let placer = cueTracks.get(lang);
+  if (placer === undefined) {
+    const track = video.addTextTrack("captions", lang, lang);
+    shownLang ??= lang;
+    track.mode = lang === shownLang ? "showing" : "hidden";
+    placer = new FrameCues(track);
+    cueTracks.set(lang, placer);
+    ui.showLanguages([...cueTracks.keys()], shownLang, selectLanguage);
+  }
+  return placer;
+}
+
+function selectLanguage(lang) {
+  shownLang = lang;
+  for (const [l, placer] of cueTracks) placer.track.mode = l === lang ? "showing" : "hidden";
+}
+
+// Places every cue for the frame at stream time `streamS`; returns the cues shown with it.
+function showCues(streamS) {
+  const byLang = new Map();
+  for (const [id, cue] of book.cues) {
+    const lang = cue.lang ?? "en";
+    if (!byLang.has(lang)) byLang.set(lang, new Map());
+    byLang.get(lang).set(id, cue);
+  }
+  for (const lang of byLang.keys()) cueTrack(lang);
+  let shown = [];
+  for (const [lang, placer] of cueTracks) {
+    const cues = byLang.get(lang) ?? new Map();
+    placer.place(streamS, video.currentTime);
+    placer.syncAll(cues);
+    if (lang === shownLang) shown = placer.active(cues);
+  }
+  return shown;
+}
+
 function onFrame(now, meta) {
   stats.presented++;
   const mid = videoTransceiverMid();
@@ -98,8 +141,7 @@ function onFrame(now, meta) {
     ? null : sync.captureOf(track, meta.rtpTimestamp);
   if (captureNs !== null) stats.mapped++;
   const streamS = book.streamSeconds(captureNs);
-  const cues = book.activeAt(streamS);
-  ui.showCaptions(cues);
+  const cues = streamS === null ? [] : showCues(streamS);
   for (const cue of cues) playout.caption(cue, streamS);
   if (captureNs !== null) playout.frame(captureNs, audioCaptureNs(meta.expectedDisplayTime ?? now));
   const anchor = track === null ? undefined : sync.current.get(track);

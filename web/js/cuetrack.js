@@ -1,0 +1,111 @@
+// Cues on a TextTrack of a <video>, shown exactly while the frames captured in their interval
+// are on screen: the browser renders them (natively, accessibly), this module decides where on
+// the video.currentTime timeline they sit, anew for each presented frame. Used by the viewer
+// page (WebRTC and MSE playback) and by attach() for players the page did not make.
+
+// How far past currentTime a cue boundary not yet reached is kept (seconds): far enough that
+// currentTime running on between two frames never crosses it.
+export const GUARD_S = 0.5;
+
+// Where a cue goes on the video.currentTime timeline, decided for the frame being presented.
+//
+// The browser re-evaluates cues at moments of its own (a timer, timeupdate), and for a
+// MediaStream currentTime runs on with the wall clock between frames. So cues are placed anew
+// for each presented frame, relative to currentTime `t` as read in that frame's
+// requestVideoFrameCallback (cue changes made there apply before the frame is painted): a cue is
+// active now exactly when the frame's capture stream time `frameS` is in [start, end); a
+// boundary still ahead is put `guardS` further out, so it is crossed at the frame whose capture
+// time reaches it, when this is called again. Returns [startTime, endTime].
+export function placeCue(cue, frameS, t, guardS = GUARD_S) {
+  if (frameS < cue.start) {
+    const start = t + guardS + (cue.start - frameS);
+    return [start, start + (cue.end - cue.start)];
+  }
+  const start = t - (frameS - cue.start);
+  if (frameS < cue.end) return [start, t + guardS + (cue.end - frameS)];
+  return [start, t - (frameS - cue.end)];
+}
+
+// Whether a placed cue already has the state the presented frame asks for and keeps it until
+// the next frame: each write makes the browser re-evaluate the track, so cues are left alone
+// while they are right (a cue moves when the frame-to-capture relation crosses its boundary).
+export function placedWell(vtt, shouldBeActive, ended, t, guardS = GUARD_S) {
+  const isActive = vtt.startTime <= t && t < vtt.endTime;
+  if (isActive !== shouldBeActive) return false;
+  if (isActive) return vtt.endTime - t >= guardS / 2;
+  if (ended) return vtt.endTime <= t;
+  return vtt.startTime - t >= guardS / 2;
+}
+
+// The VTTCues of one TextTrack, kept in step with a set of stream-time cues ({id, start, end,
+// text}, seconds) and the frame being presented.
+export class FrameCues {
+  constructor(track, { makeCue = (start, end, text) => new VTTCue(start, end, text) } = {}) {
+    this.track = track;
+    this.makeCue = makeCue;
+    this.vtt = new Map(); // cue id -> VTTCue on the track
+    this.placing = null; // the presented frame cues are placed for: {frameS, t}
+    this.replacements = 0;
+  }
+
+  // The frame being presented: its capture stream time and currentTime as read for it.
+  place(frameS, t) {
+    this.placing = { frameS, t };
+  }
+
+  // Adds, moves or removes the VTTCue of `id` to match `cue` (undefined: gone) and the frame
+  // being presented; `force` after the cue itself changed.
+  sync(id, cue, force = false) {
+    const existing = this.vtt.get(id);
+    if (cue === undefined || (existing !== undefined && existing.text !== cue.text)) {
+      if (existing !== undefined) {
+        this.track.removeCue(existing);
+        this.vtt.delete(id);
+      }
+      if (cue === undefined) return;
+    }
+    if (this.placing === null) return; // no frame presented yet: nothing to place against
+    const { frameS, t } = this.placing;
+    const [start, end] = placeCue(cue, frameS, t);
+    const vtt = this.vtt.get(id);
+    if (vtt === undefined) {
+      const added = this.makeCue(start, end, cue.text);
+      added.id = id;
+      this.track.addCue(added);
+      this.vtt.set(id, added);
+      return;
+    }
+    if (!force && placedWell(vtt, start <= t && t < end, frameS >= cue.end, t)) return;
+    this.replacements++;
+    // Widen first, so the cue never has end < start in between.
+    if (end > vtt.endTime) {
+      vtt.endTime = end;
+      vtt.startTime = start;
+    } else {
+      vtt.startTime = start;
+      vtt.endTime = end;
+    }
+  }
+
+  // Places every cue of `cues` (a Map id -> cue) for the frame, and drops VTTCues of ids gone
+  // from it.
+  syncAll(cues) {
+    for (const [id, cue] of cues) this.sync(id, cue);
+    for (const id of [...this.vtt.keys()]) if (!cues.has(id)) this.sync(id, undefined);
+  }
+
+  // The cues of `cues` the track has active now.
+  active(cues) {
+    const out = [];
+    for (const vtt of this.track.activeCues ?? []) {
+      const cue = cues.get(vtt.id);
+      if (cue !== undefined) out.push(cue);
+    }
+    return out;
+  }
+
+  clear() {
+    for (const vtt of this.vtt.values()) this.track.removeCue(vtt);
+    this.vtt.clear();
+  }
+}
