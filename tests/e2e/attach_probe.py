@@ -24,6 +24,7 @@ from typing import Any
 import aiohttp
 
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.harness import FRAME_NUMBER_JS
 from tests.e2e.sync_viewer_probe import Service
 
 CUE_S = 0.4
@@ -73,21 +74,11 @@ window.startProbe = async (withAbs) => {
 
   // Per presented frame: its number from the pixels and the cues showing on it. Registered
   // after attach(), so the library has placed cues for this frame when this runs.
-  const canvas = document.createElement("canvas");
-  const ctx = canvas.getContext("2d", {willReadFrequently: true});
+  (""" + FRAME_NUMBER_JS.strip() + """)();
   const onFrame = (now, meta) => {
     video.requestVideoFrameCallback(onFrame);
-    const w = video.videoWidth;
-    if (!w) return;
-    canvas.width = w; canvas.height = 24;
-    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
-    const px = ctx.getImageData(0, 0, w, 24).data;
-    const block = Math.floor(w / 20);
-    let n = 0;
-    for (let bit = 0; bit < 20; bit++) {
-      const x = bit * block + Math.floor(block / 2);
-      n = (n << 1) | (px[(12 * w + x) * 4] > 128 ? 1 : 0);
-    }
+    const n = window.readFrameNumber(video);
+    if (n === null) return;
     window.probe.frames.push({
       n, mediaTime: meta.mediaTime, currentTime: video.currentTime,
       active: [...(handle.track.activeCues ?? [])].map((c) => c.id),

@@ -15,7 +15,6 @@ import fcntl
 import json
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from fractions import Fraction
@@ -32,6 +31,7 @@ from sfu_sidecar.config import load_settings
 from sfu_sidecar.demo import LANG, STREAM, caption_for_second
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.e2e.harness import LoopThread
 
 # While stalling, frames are held and let go a second's worth at a time: the frame-interval
 # RMS then sits far above the 112 ms alert line.
@@ -90,23 +90,17 @@ class StallingVideoTrack(FlashVideoTrack):
         return frame
 
 
-class Service:
+class Service(LoopThread):
     """The app, the publisher and the caption script on their own event loop."""
 
+    stop_timeout_s = 15.0
+
     def __init__(self) -> None:
+        super().__init__()
         self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
         self.video: StallingVideoTrack | None = None
         self.session: WhipSession | None = None
         self.captions: asyncio.Task[None] | None = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
 
     async def _start(self) -> None:
         data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-dashboard-")
@@ -149,9 +143,6 @@ class Service:
             await self.session.close()
         await self.runner.cleanup()
 
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=15)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def wait(page: Any, what: str, predicate: str, arg: Any, limit_s: float) -> float:

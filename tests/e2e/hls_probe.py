@@ -17,7 +17,6 @@ import asyncio
 import fcntl
 import json
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +30,7 @@ from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, ROOT, free_port
+from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
 
 STREAM = "hls"
 TOKEN = "e2e-view"
@@ -59,23 +59,9 @@ PLAY_JS = """
   hls.on(Hls.Events.SUBTITLE_TRACKS_UPDATED, (_, d) => { probe.subtitleTracks =
       d.subtitleTracks.map((t) => ({lang: t.lang, name: t.name, default: t.default})); });
   hls.on(Hls.Events.MANIFEST_PARSED, () => { if (hls.subtitleTrack < 0) hls.subtitleTrack = 0; });
-  // The 20-bit frame number the synthetic source draws across the top 24 rows.
-  const canvas = document.createElement('canvas');
-  const ctx = canvas.getContext('2d', {willReadFrequently: true});
-  const readNumber = () => {
-    const w = video.videoWidth;
-    canvas.width = w; canvas.height = 24;
-    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
-    const px = ctx.getImageData(0, 0, w, 24).data;
-    const block = Math.floor(w / 20);
-    let n = 0;
-    for (let bit = 0; bit < 20; bit++) {
-      n = (n << 1) | (px[(12 * w + bit * block + Math.floor(block / 2)) * 4] > 128 ? 1 : 0);
-    }
-    return n;
-  };
+  (""" + FRAME_NUMBER_JS.strip() + """)();
   const onFrame = (now, meta) => {
-    probe.frames.push({n: readNumber(), mediaTime: meta.mediaTime,
+    probe.frames.push({n: window.readFrameNumber(video), mediaTime: meta.mediaTime,
                        wallMs: performance.timeOrigin + meta.expectedDisplayTime});
     video.requestVideoFrameCallback(onFrame);
   };
@@ -101,26 +87,18 @@ PLAY_JS = """
 """
 
 
-class Service:
+class Service(LoopThread):
     """The app, an H.264 publisher and the caption feeder on their own event loop."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
         self.video: FlashVideoTrack | None = None
         self.joined: Any = None
         self.epoch: int | None = None
         self.cues: list[dict[str, Any]] = []
         self.segments: dict[int, float] = {}  # number -> start_s, from index.json
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
 
     async def _start(self) -> None:
         settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
@@ -181,9 +159,6 @@ class Service:
         await self.session.close()
         await self.runner.cleanup()
 
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def wait_available(url: str, timeout_s: float) -> float:

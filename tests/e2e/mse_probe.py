@@ -19,13 +19,11 @@ capture time of every frame number, the cues, the stream epoch and the player's 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import fcntl
 import fractions
 import json
 import sys
 import tempfile
-import threading
 import time
 from typing import Any
 
@@ -37,32 +35,23 @@ from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
 
 STREAM = "mse"
 CUE_EVERY_S = 2.0
 CUE_LENGTH_S = 1.2
 AUDIO_RATE = 48000
 
-# Reads the 20-bit frame number the synthetic source draws across the top 24 rows.
+# Records every presented frame, with the frame number read off its pixels.
 RECORD_JS = """
 () => {
   const video = document.getElementById('video');
-  const canvas = document.createElement('canvas');
-  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  (""" + FRAME_NUMBER_JS.strip() + """)();
   window.probeFrames = [];
   const player = window.sfuViewer.player;
   player.frameListeners = [(record) => {
-    const w = video.videoWidth;
-    if (!w) return;
-    canvas.width = w; canvas.height = 24;
-    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
-    const px = ctx.getImageData(0, 0, w, 24).data;
-    const block = Math.floor(w / 20);
-    let n = 0;
-    for (let bit = 0; bit < 20; bit++) {
-      const x = bit * block + Math.floor(block / 2);
-      n = (n << 1) | (px[(12 * w + x) * 4] > 128 ? 1 : 0);
-    }
+    const n = window.readFrameNumber(video);
+    if (n === null) return;
     window.probeFrames.push({n, frameS: record.frameS, mediaTime: record.mediaTime,
                              cues: record.cues, resyncs: player.stats.resyncs,
                              wall: Date.now()});
@@ -120,30 +109,19 @@ class DriftProxy:
             return web.Response(status=resp.status, body=body, headers=headers)
 
 
-class Service:
+class Service(LoopThread):
     """The app and the publisher on their own event loop."""
 
     def __init__(self, codec: str) -> None:
+        super().__init__()
         self.codec = codec
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
         self.timeline = Timeline.starting_now(time.time_ns)
         self.video = FlashVideoTrack(self.timeline)
         self.audio = BeepAudioTrack(self.timeline)
         self.session: WhipSession | None = None
         self.extra_runners: list[web.AppRunner] = []
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
-
-    def call(self, coro: Any, timeout: float = 30) -> Any:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
 
     async def _start(self) -> None:
         data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-mse-")
@@ -218,9 +196,6 @@ class Service:
             await self.session.close()
         await self.runner.cleanup()
 
-    def stop(self) -> None:
-        self.call(self._stop(), timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def main() -> None:

@@ -14,16 +14,14 @@ Prints one JSON line: what the page showed, and what the service saw at each ste
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import json
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import aiohttp
@@ -33,6 +31,7 @@ from sfu_sidecar.app import build_app, build_components
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.e2e.harness import LoopThread
 from tests.relay.peers import frames, view
 
 TOKEN = "page-probe-token"
@@ -44,14 +43,13 @@ PAGE_TIMEOUT_MS = 20_000
 T = TypeVar("T")
 
 
-class Service:
+class Service(LoopThread):
     """The full service on its own event loop; the test reads house time off its clock."""
 
     def __init__(self, data_dir: str) -> None:
+        super().__init__()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
         settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
                                   "data_dir": data_dir, "publish_token": TOKEN})
         self.settings = settings
@@ -59,13 +57,6 @@ class Service:
         assert self.components.clock is not None and self.components.relay is not None
         self.clock = self.components.clock
         self.relay = self.components.relay
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
 
     async def _start(self) -> None:
         self.runner = web.AppRunner(build_app(self.settings, self.components))
@@ -76,9 +67,6 @@ class Service:
         # Read from the browser-driving thread: a clock read plus a never-decreasing guard,
         # with the service's loop thread the only other reader.
         return self.clock.now_ns()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 30) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=timeout)
 
     def get(self, path: str) -> tuple[int, Any]:
         try:
@@ -92,10 +80,8 @@ class Service:
     def ended(self) -> dict[str, int]:
         return {f"{role}:{reason}": n for (role, reason), n in self.relay.streams.ended.items()}
 
-    def stop(self) -> None:
-        self.run(self.runner.cleanup())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
+    async def _stop(self) -> None:
+        await self.runner.cleanup()
 
 
 def poll(check: Callable[[], T | None], limit_s: float, what: str) -> T:
@@ -197,7 +183,7 @@ def publish_one(page: Any, service: Service, codec: str) -> dict[str, Any]:
         return dict(body)
 
     out["stream_live"] = poll(flowing, 15, "video and audio packets at the relay")
-    out["viewer"], peer = service.run(watch(service.base, stream))
+    out["viewer"], peer = service.call(watch(service.base, stream))
     out["stream_viewed"] = service.get(f"/api/streams/{stream}")[1]
     out["sync"] = publisher_sync(service, stream, 5)
     page.wait_for_function("() => window.sfuPublisher.bitrate.video > 0", timeout=PAGE_TIMEOUT_MS)
@@ -234,7 +220,7 @@ def publish_one(page: Any, service: Service, codec: str) -> dict[str, Any]:
     out["stream_stopped"] = poll(unpublished, 10, "the publisher to leave")
     out["ended"] = {k: v - ended_before.get(k, 0) for k, v in service.ended().items()
                     if v != ended_before.get(k, 0)}
-    service.run(peer.close())
+    service.call(peer.close())
     return out
 
 

@@ -14,7 +14,6 @@ import fcntl
 import json
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from typing import Any
@@ -26,16 +25,16 @@ from sfu_sidecar.client.whip import publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
 
 WATCH_S = 6.0
 CUE_TEXT = "caption on capture time"
 
-# Reads the 20-bit frame number the synthetic source draws across the top 24 rows.
+# Records every presented frame, with the frame number read off its pixels.
 RECORD_JS = """
 () => {
   const video = document.getElementById('video');
-  const canvas = document.createElement('canvas');
-  const ctx = canvas.getContext('2d', {willReadFrequently: true});
+  (""" + FRAME_NUMBER_JS.strip() + """)();
   window.probeFrames = [];
   // The text of the cues the browser shows on the <video> (its showing caption track).
   window.shownCaption = () => {
@@ -45,17 +44,8 @@ RECORD_JS = """
   const shownCaption = window.shownCaption;
   window.probeSources = [];
   window.sfuViewer.frameListeners.push((record, meta) => {
-    const w = video.videoWidth;
-    if (!w) return;
-    canvas.width = w; canvas.height = 24;
-    ctx.drawImage(video, 0, 0, w, 24, 0, 0, w, 24);
-    const px = ctx.getImageData(0, 0, w, 24).data;
-    const block = Math.floor(w / 20);
-    let n = 0;
-    for (let bit = 0; bit < 20; bit++) {
-      const x = bit * block + Math.floor(block / 2);
-      n = (n << 1) | (px[(12 * w + x) * 4] > 128 ? 1 : 0);
-    }
+    const n = window.readFrameNumber(video);
+    if (n === null) return;
     const track = [...window.sfuViewer.sync.current.entries()].find(([, a]) => !a.audio);
     window.probeFrames.push({
       n, rtp: meta.rtpTimestamp,
@@ -77,22 +67,14 @@ RECORD_JS = """
 """
 
 
-class Service:
+class Service(LoopThread):
     """The app and the synthetic publisher on their own event loop."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.port = free_port()
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
         self.video: FlashVideoTrack | None = None
         self.joined: Any = None
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_until_complete(self._start())
-        self.ready.set()
-        self.loop.run_forever()
 
     async def _start(self) -> None:
         data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")
@@ -122,9 +104,6 @@ class Service:
         await self.session.close()
         await self.runner.cleanup()
 
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self._stop(), self.loop).result(timeout=10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
 
 
 def main() -> None:
