@@ -11,7 +11,8 @@ WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY sfu_sidecar ./sfu_sidecar
 COPY web ./web
-RUN pip install . \
+# With the redis extra, so SFU_SIDECAR_REDIS_URL works in the image (several nodes, one Redis).
+RUN pip install ".[redis]" \
     # The viewer page and dashboard are served from a web/ folder beside the package; a
     # non-editable install leaves it behind, so put it where the installed package looks
     # (python -I: the installed package, not the source tree in this folder).

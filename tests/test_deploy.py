@@ -239,7 +239,8 @@ def test_dockerfile_runs_the_installed_package_as_a_user_with_a_health_check() -
     words = [w for w, _ in instructions]
     base = dict(instructions)["FROM"]
     assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
-    assert any(w == "RUN" and "pip install ." in a for w, a in instructions)
+    # The package with its Redis extra (a node that shares captions through redis_url).
+    assert any(w == "RUN" and "pip install \".[redis]\"" in a for w, a in instructions)
     users = [a for w, a in instructions if w == "USER"]
     assert users and users[-1] not in ("root", "0") and not users[-1].startswith(("root:", "0:"))
     # Nothing runs as root after the switch, so the final image's user is this one.
