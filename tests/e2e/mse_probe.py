@@ -74,14 +74,18 @@ STATE_JS = """
 """
 
 
-class DriftProxy:
+class FaultProxy:
     """A reverse proxy in front of the service; from ``drift_from_s`` (stream time) on, the
-    segment index lists segments ``drift_s`` later than their bytes' timestamps."""
+    segment index lists segments ``drift_s`` later than their bytes' timestamps; with
+    ``corrupt_next`` set, the next media segment is served with its first bytes overwritten
+    (a container no parser takes)."""
 
     def __init__(self, upstream: str, drift_s: float) -> None:
         self.upstream = upstream
         self.drift_s = drift_s
         self.drift_from_s: float | None = None
+        self.corrupt_next = False
+        self.corrupted: str | None = None
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
 
@@ -106,6 +110,11 @@ class DriftProxy:
                     if self.drift_from_s is not None and segment["start_s"] >= self.drift_from_s:
                         segment["start_s"] += self.drift_s
                 body = json.dumps(index).encode()
+            elif (self.corrupt_next and resp.status == 200 and "/media/" in request.path
+                  and request.path.rsplit("/", 1)[-1][0].isdigit()):
+                self.corrupt_next = False
+                self.corrupted = request.path
+                body = b"\xff" * 64 + body[64:]
             return web.Response(status=resp.status, body=body, headers=headers)
 
 
@@ -204,16 +213,18 @@ def main() -> None:
     parser.add_argument("--watch", type=float, default=10.0)
     parser.add_argument("--gap", type=float, default=0.0)
     parser.add_argument("--drift", type=float, default=0.0)
+    parser.add_argument("--corrupt", action="store_true",
+                        help="half-way, serve one media segment corrupted")
     args = parser.parse_args()
 
     service = Service(args.codec)
     service.thread.start()
     if not service.ready.wait(30):
         raise SystemExit("service did not start")
-    proxy = DriftProxy(service.base, args.drift)
+    proxy = FaultProxy(service.base, args.drift)
     service.call(proxy.start())
     service.extra_runners.append(proxy.runner)
-    total_s = args.watch * (2 if args.gap or args.drift else 1) + args.gap + 10
+    total_s = args.watch * (2 if args.gap or args.drift or args.corrupt else 1) + args.gap + 10
     cues = service.call(service.post_cues(time.time_ns() + 1_000_000_000,
                                           int(total_s / CUE_EVERY_S) + 1))
     from playwright.sync_api import sync_playwright
@@ -250,6 +261,11 @@ def main() -> None:
                 proxy.drift_from_s = (time.time_ns() - epoch) / 1e9 + 0.5
                 result["drift_from_s"] = proxy.drift_from_s
                 time.sleep(args.watch)
+            if args.corrupt:
+                result["before_corrupt"] = page.evaluate("() => window.sidecarStats")
+                proxy.corrupt_next = True
+                time.sleep(args.watch)
+                result["corrupted"] = proxy.corrupted
             result["stats"] = page.evaluate("() => window.sidecarStats")
             result["current_time"] = [started, page.evaluate(
                 "() => document.getElementById('video').currentTime")]

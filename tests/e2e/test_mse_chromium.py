@@ -21,9 +21,8 @@ import pytest
 
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.browser, pytest.mark.netns]
-
 PROBE_TIMEOUT_S = 300  # includes waiting for the machine-wide browser lock
+pytestmark = [pytest.mark.browser, pytest.mark.netns, pytest.mark.timeout(PROBE_TIMEOUT_S + 30)]
 FRAME_S = 1 / 30
 WATCH_S = 7.0
 GAP_S = 1.5
@@ -143,6 +142,32 @@ def test_mse_playback_moves_drifted_media_back_onto_the_caption_timeline(codec: 
           f"{len(frames) - first} after")
     check_captions(result, codec, before_s=frames[first - 1]["frameS"],
                    after_s=frames[first]["frameS"])
+
+
+def test_mse_playback_starts_over_after_a_segment_the_browser_refuses() -> None:
+    """Half-way, one segment reaches the page corrupted (a proxy overwrites its first bytes):
+    the SourceBuffer refuses it and the media element is in error. The player starts over on a
+    new MediaSource from the segment after it: counted, the reason kept, nothing replayed."""
+    result = run_probe("vp8", "--corrupt")
+    assert result["before_corrupt"]["restarts"] == 0
+    stats = result["stats"]
+    corrupted = result["corrupted"].rsplit("/", 1)[-1]
+    assert stats["restarts"] == 1, stats
+    assert corrupted in stats["lastError"], stats["lastError"]
+    assert stats["resyncs"] == 0
+    frames = result["frames"]
+    bad_s = int(corrupted.split(".")[0]) / 1000  # a segment's number is its start in ms
+    after = [f for f in frames if f["frameS"] > bad_s]
+    assert len(after) >= 2.0 / FRAME_S, (len(after), stats)
+    times = [f["frameS"] for f in frames]
+    assert times == sorted(times), "a frame was shown again after the restart"
+    epoch = result["epoch_ns"]
+    truth = {int(n): ns for n, ns in result["capture_log"].items()}
+    errors = sorted(abs(f["frameS"] - (truth[f["n"]] - epoch) / 1e9) for f in after
+                    if f["frameS"] >= after[0]["frameS"] + SETTLE_S)
+    assert errors[-2] <= 0.001
+    print(f"\nrestart after {stats['lastError']!r}: {len(after)} frames after it, "
+          f"from {after[0]['frameS'] - bad_s:.2f} s past the refused segment's start")
 
 
 def check_captions(result: dict[str, Any], codec: str, *, before_s: float,

@@ -13,6 +13,8 @@ const CAPTION_POLL_MS = 500; // live chunks are fetched again this often
 const TICK_MS = 250;
 
 export class MsePlayerError extends Error {}
+// The SourceBuffer refused an append: the media element is in error until it gets a new source.
+export class SourceBufferError extends MsePlayerError {}
 
 // The MIME type a SourceBuffer needs for the index's container and RFC 6381 codec strings.
 export function mimeOf(index) {
@@ -83,6 +85,21 @@ export class MsePlayer {
       }
       await sleep(POLL_MS * 2);
     }
+    await this.open();
+    for (const lang of this.index.languages ?? []) this.captionTrack(lang);
+    this.onStatus(`stream "${this.stream}": MSE, ${this.mime}`);
+    await this.pollCaptions(this.index.segments[Math.max(0, this.index.segments.length - 2)].start_s);
+    await this.stepOrRecover(this.index);
+    this.timers.push(setInterval(() => this.poll(), POLL_MS));
+    this.timers.push(setInterval(() => this.tick(), TICK_MS));
+    this.timers.push(setInterval(() => this.pollCaptions(), CAPTION_POLL_MS));
+    this.video.addEventListener("waiting", () => this.fixPlayhead(true));
+    this.video.requestVideoFrameCallback((now, meta) => this.onFrame(now, meta));
+  }
+
+  // A new MediaSource with one SourceBuffer for the index's container and codecs; the plan
+  // starts over (one closed segment behind the newest).
+  async open() {
     const mime = mimeOf(this.index);
     if (!MediaSource.isTypeSupported(mime)) throw new MsePlayerError(`this browser cannot play ${mime}`);
     this.mediaSource = new MediaSource();
@@ -90,16 +107,26 @@ export class MsePlayer {
     await new Promise((done) => this.mediaSource.addEventListener("sourceopen", done, { once: true }));
     this.buffer = this.mediaSource.addSourceBuffer(mime);
     this.buffer.mode = "segments"; // the bytes' own timestamps place the media
+    this.buffer.timestampOffset = this.offset;
     this.mime = mime;
-    for (const lang of this.index.languages ?? []) this.captionTrack(lang);
-    this.onStatus(`stream "${this.stream}": MSE, ${mime}`);
-    await this.pollCaptions(this.index.segments[Math.max(0, this.index.segments.length - 2)].start_s);
-    await this.step(this.index);
-    this.timers.push(setInterval(() => this.poll(), POLL_MS));
-    this.timers.push(setInterval(() => this.tick(), TICK_MS));
-    this.timers.push(setInterval(() => this.pollCaptions(), CAPTION_POLL_MS));
-    this.video.addEventListener("waiting", () => this.fixPlayhead(true));
-    this.video.requestVideoFrameCallback((now, meta) => this.onFrame(now, meta));
+    this.plan = new SegmentPlan();
+    this.appended = 0;
+  }
+
+  // The SourceBuffer refused what it was given (a corrupt segment, a decoder error): the media
+  // element is in error and takes nothing more, so playback starts over on a new MediaSource
+  // from the live edge, keeping the captions and the timeline. Counted, with the reason.
+  async recover(err) {
+    this.stats.restarts++;
+    this.stats.lastError = String(err.message ?? err);
+    this.onStatus(`stream "${this.stream}": playback restarted after: ${this.stats.lastError}`, true);
+    URL.revokeObjectURL(this.video.src);
+    const { next } = this.plan;
+    await this.open();
+    // On from the segment after the refused one: nothing shown is shown again, and the break
+    // that leaves is bridged by the first append's seek, not counted as a resync.
+    this.plan.next = next;
+    this.plan.expectedStart = null;
   }
 
   stop() {
@@ -114,7 +141,7 @@ export class MsePlayer {
       const index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
       this.index = index;
       for (const lang of index.languages ?? []) this.captionTrack(lang);
-      await this.step(index);
+      await this.stepOrRecover(index);
       // Trimmed here, between appends, so no two SourceBuffer operations overlap.
       const trim = trimRange(ranges(this.buffer.buffered), this.video.currentTime);
       if (trim !== null) await this.remove(trim[0], trim[1]);
@@ -122,6 +149,16 @@ export class MsePlayer {
       this.onStatus(String(err.message ?? err), true);
     } finally {
       this.busy = false;
+    }
+  }
+
+  async stepOrRecover(index) {
+    try {
+      await this.step(index);
+    } catch (err) {
+      if (!(err instanceof SourceBufferError)) throw err;
+      await this.recover(err);
+      await this.step(index);
     }
   }
 
@@ -148,7 +185,8 @@ export class MsePlayer {
         await this.append(data);
       }
       this.stats.segments++;
-      if (this.stats.segments === 1 || resync !== null) this.seekInto(segment.start_s + this.shift);
+      this.appended++;
+      if (this.appended === 1 || resync !== null) this.seekInto(segment.start_s + this.shift);
     }
     if (this.stats.segments > 0 && this.video.paused) this.video.play().catch(() => {});
   }
@@ -196,7 +234,7 @@ export class MsePlayer {
       const ok = () => { off(); done(); };
       const bad = () => {
         off();
-        fail(new MsePlayerError(`SourceBuffer error at ${this.appending ?? "init"}: ${this.video.error?.message ?? ""}`));
+        fail(new SourceBufferError(`SourceBuffer error at ${this.appending ?? "init"}: ${this.video.error?.message ?? ""}`));
       };
       const off = () => {
         this.buffer.removeEventListener("updateend", ok);
@@ -318,6 +356,8 @@ export class MsePlayer {
       mode: "mse",
       mime: this.mime ?? null,
       resyncs: this.stats.resyncs,
+      restarts: this.stats.restarts,
+      lastError: this.stats.lastError,
       lastCorrection: this.stats.lastCorrection,
       offsetS: this.offset,
       shiftS: this.shift,

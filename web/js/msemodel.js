@@ -141,6 +141,8 @@ export class PlayerStats {
   constructor() {
     this.resyncs = 0;
     this.lastCorrection = null; // {reason, jumpS | correctionS, atS}
+    this.restarts = 0; // new MediaSources after the SourceBuffer refused an append
+    this.lastError = null;
     this.segments = 0;
     this.seeks = { "live-edge": 0, hole: 0 };
     this.captionErrorsMs = [];
