@@ -1,6 +1,6 @@
 // The product's MSE player: live segments from index.json into one SourceBuffer, captions from
 // chunk-{n}.vtt as VTTCues on the video's text tracks, one timeline for both (stream time plus
-// the SourceBuffer's timestampOffset). Decisions live in msemodel.js; this module does them.
+// the shift the player keeps between them). Decisions live in msemodel.js; this module does them.
 
 import {
   added, driftOf, DRIFT_S, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
@@ -43,11 +43,12 @@ export class MsePlayer {
     this.offset = 0;
     this.index = null;
     this.buffer = null;
-    this.tracks = new Map(); // lang -> {track, cues: ChunkedCues, vtt: Map(id -> VTTCue), closed: Set}
+    this.tracks = new Map(); // lang -> {lang, track, cues: ChunkedCues, placer: FrameCues, closed: Set}
     this.timers = [];
     this.stopped = false;
     this.busy = false;
     this.frameListeners = []; // called with each presented frame's record
+    this.appending = null; // the URL of the segment being appended, named when one is refused
   }
 
   headers() {
