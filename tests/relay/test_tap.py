@@ -329,10 +329,18 @@ async def test_ffmpeg_rtp_output_through_a_tap(
         port, rtcp_port = tap["media"][0]["rtp_port"], tap["media"][0]["rtcp_port"]
         session = relay.find_tap(tap["id"])
         assert session is not None
-        cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-f", "lavfi",
-               "-i", "testsrc=size=320x240:rate=30", "-t", "40",
-               "-c:v", "libvpx", "-deadline", "realtime", "-cpu-used", "8", "-b:v", "600k",
-               "-g", "30", "-payload_type", "97", "-ssrc", str(ssrc), "-f", "rtp",
+        # The clip is encoded beforehand: ffmpeg's sender reports count time from its first
+        # packet, so an encoder start-up of 50-100 ms on a loaded machine would put every
+        # report's capture time after the media's arrival (rightly refused by the relay).
+        clip = tmp_path / "clip.webm"
+        subprocess.run(
+            ["ffmpeg", "-nostdin", "-loglevel", "error", "-f", "lavfi",
+             "-i", "testsrc=size=320x240:rate=30", "-t", "40", "-c:v", "libvpx",
+             "-deadline", "realtime", "-cpu-used", "8", "-b:v", "600k", "-g", "30", str(clip)],
+            check=True, timeout=60,
+        )
+        cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", str(clip), "-c", "copy",
+               "-payload_type", "97", "-ssrc", str(ssrc), "-f", "rtp",
                # ffmpeg's default of 1472-byte packets is over what a tap forwards.
                f"rtp://127.0.0.1:{port}?rtcpport={rtcp_port}&pkt_size=1200"]
         with running(cmd, tmp_path / "ffmpeg.log"):
