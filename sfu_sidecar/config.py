@@ -146,6 +146,27 @@ def _parse_redis_url(raw: RawValue) -> str | None:
     return value
 
 
+def _parse_origin_url(raw: RawValue) -> str | None:
+    value = _as_str(raw).strip()
+    if not value:
+        return None
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise _Invalid("expected http(s)://HOST[:PORT] of a sidecar, or a WHEP URL with {stream}")
+    if parts.query or parts.fragment:
+        raise _Invalid("no query or fragment: the stream's path is made from the URL")
+    return value
+
+
+def _parse_node_id(raw: RawValue) -> str | None:
+    value = _as_str(raw).strip()
+    if not value:
+        return None
+    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", value):
+        raise _Invalid("1-64 characters of A-Z a-z 0-9 _ . : -")
+    return value
+
+
 def _parse_path(raw: RawValue) -> Path:
     value = _as_str(raw)
     if not value:
@@ -472,6 +493,27 @@ class Settings:
         "start even when the Redis server would lose acknowledged cues on a crash (appendonly "
         "not yes or appendfsync not always)",
         metavar="BOOL",
+    )
+
+    origin_url: str | None = _setting(
+        None, _parse_origin_url,
+        "upstream to pull streams from that have no publisher here (this node is then an "
+        "edge): a sidecar's http(s)://HOST[:PORT], or any WHEP server's URL with {stream}",
+        metavar="URL",
+    )
+    origin_token: str | None = _setting(
+        None, _parse_optional_str, "Bearer token for viewing on the upstream (origin_url)",
+        metavar="TOKEN", secret=True,
+    )
+    node_id: str | None = _setting(
+        None, _parse_node_id,
+        "this node's name in a cascade, sent upstream to refuse loops (random at start when "
+        "unset)", metavar="NAME",
+    )
+    cascade_linger_s: float = _setting(
+        10.0, _parse_float(0.0, 3600.0),
+        "seconds a pull from origin_url keeps running after its last viewer left",
+        metavar="SECONDS",
     )
 
     def redacted(self) -> dict[str, str]:

@@ -126,3 +126,19 @@ class TooManyRequests(LimitExceeded):
 
 class AtCapacity(LimitExceeded):
     status = 503
+
+
+class UpstreamUnavailable(SidecarError):
+    """The relay this node pulls a stream from is unreachable or answered nothing usable;
+    the viewer may retry after ``retry_after`` seconds."""
+
+    status = 503
+
+    def __init__(self, reason: str, *, retry_after: str = "5") -> None:
+        super().__init__(reason, headers={"Retry-After": retry_after})
+
+
+class LoopDetected(RemoteError):
+    """A pull request came back to a node it had passed: serving it would feed a loop."""
+
+    status = 508

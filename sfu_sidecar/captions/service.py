@@ -29,12 +29,14 @@ from sfu_sidecar.captions import chunks
 from sfu_sidecar.captions.events import (
     CaptionEvents,
     Cue,
+    CueRetract,
     Epoch,
     LocalEvents,
 )
 from sfu_sidecar.captions.model import (
     GENERATED_ID_PREFIX,
     MAX_HOUSE_SKEW_NS,
+    CueInput,
     IngestBatch,
     StoredCue,
     check_cue_id,
@@ -183,6 +185,32 @@ class CaptionService:
         self._set_epoch(stream, house_ns, "media")
         self._spawn(self._save_epochs())
         return house_ns
+
+    def follow_epoch(self, stream: str, house_ns: int) -> None:
+        """The epoch an upstream relay gave the stream (already on this node's clock): it wins
+        over one this node fixed, so every node of a cascade shares one stream time. Moves
+        smaller than a millisecond (a new clock join's estimate) are ignored."""
+        existing = self._epochs.get(stream)
+        if existing is not None and abs(existing - house_ns) < 1_000_000:
+            return
+        if existing is not None:
+            log.warning("stream %s: epoch moved %+.3f s to the upstream's", stream,
+                        (house_ns - existing) / 1e9)
+        self._set_epoch(stream, house_ns, "upstream")
+        self._spawn(self._save_epochs())
+
+    async def mirror(self, event: Cue | CueRetract) -> None:
+        """Store a cue or retraction an upstream relay pushed, as it stands there (same id,
+        stream times relative to the shared epoch)."""
+        if isinstance(event, CueRetract):
+            with contextlib.suppress(NotFound):
+                await self.retract(event.stream, event.lang, event.id)
+            return
+        start_ms, end_ms = round(event.start * 1000), round(event.end * 1000)
+        if end_ms <= start_ms or self._epochs.get(event.stream) is None:
+            return
+        cue = CueInput(event.id, start_ms, end_ms, event.text, event.final)
+        await self.ingest(event.stream, IngestBatch(event.lang, "stream_s", (cue,)))
 
     async def _save_epochs(self) -> None:
         # An epoch another node stored first has been adopted by _write: nothing to report.

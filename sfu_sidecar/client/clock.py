@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import msgpack
@@ -43,8 +44,12 @@ def clock_ws_url(base: str) -> str:
 
 
 async def join_clock(base_url: str, *, samples: int = 16, interval_s: float = 0.02,
-                     encoding: str = "msgpack", timeout_s: float = 5.0) -> HouseClock:
+                     encoding: str = "msgpack", timeout_s: float = 5.0,
+                     clock_ns: Callable[[], int] = local.realtime_ns) -> HouseClock:
     """Run ``samples`` exchanges, send the report, return the estimate.
+
+    ``clock_ns`` is the clock joined to the server's (this host's CLOCK_REALTIME by default;
+    a relay pulling a stream passes its own house clock): the offset is server - it.
 
     Raises :class:`exchange.ExchangeError` when the server's answers are unusable and
     ``TimeoutError`` when it does not answer within ``timeout_s`` per exchange.
@@ -54,13 +59,13 @@ async def join_clock(base_url: str, *, samples: int = 16, interval_s: float = 0.
     join = exchange.ClockJoin(samples)
     async with websockets.connect(clock_ws_url(base_url), max_size=4096) as ws:
         for _ in range(samples):
-            req = join.request(local.realtime_ns())
+            req = join.request(clock_ns())
             if encoding == "msgpack":
                 await ws.send(exchange.encode_msgpack(req))
             else:
                 await ws.send(exchange.encode_json(req))
             raw = await asyncio.wait_for(ws.recv(), timeout_s)
-            t4 = local.realtime_ns()
+            t4 = clock_ns()
             resp = (exchange.decode_msgpack(raw) if isinstance(raw, bytes)
                     else exchange.decode_json(raw))
             if not isinstance(resp, exchange.ClockResp) or resp.t1 != req.t1:

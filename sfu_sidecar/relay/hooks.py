@@ -180,6 +180,10 @@ class RelayObserver:
         """The publisher ended: DELETE, or dropped as gone (no media, transport lost, never
         connected). The stream and its viewers stay; another publisher may take over."""
 
+    def publisher_state(self, publisher: PublisherHandle) -> None:
+        """The publisher's source went idle or live again while its session stays (a pulled
+        stream whose upstream lost or regained its own publisher): see ``upstream_live``."""
+
     def publisher_data_channel(self, publisher: PublisherHandle, channel: DataChannel) -> None:
         """The publisher opened a DataChannel (a ``sync`` channel carries its clock join).
         Attach message handlers here, not later: messages that arrive before a handler is

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import NoReturn
 from urllib.parse import quote
 
@@ -28,6 +29,7 @@ from sfu_sidecar.limits import ClientSessions, client_key
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.feed import FeedSession, parse_feed_request
 from sfu_sidecar.relay.offer_check import validate_offer
+from sfu_sidecar.relay.pull import VIA_HEADER
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 from sfu_sidecar.relay.tap import TapSession, parse_tap_request, tap_request_from_sdp
@@ -42,6 +44,8 @@ FEED_PATTERN = r"{feed:[0-9a-f]{32}}"
 Session = PublisherSession | ViewerSession
 # Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
 SESSION_RETRY_AFTER = "5"
+NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # as the node_id setting
+MAX_VIA = 16  # deeper than any real tree of relays
 
 
 def _link_value(server: IceServer) -> str:
@@ -53,6 +57,18 @@ def _link_value(server: IceServer) -> str:
             '; credential-type="password"'
         )
     return value
+
+
+def parse_via(request: web.Request) -> tuple[str, ...]:
+    """The relays a pulled WHEP request came through (``Sidecar-Via``), checked."""
+    raw = request.headers.get(VIA_HEADER, "").strip()
+    if not raw:
+        return ()
+    nodes = tuple(n.strip() for n in raw.split(","))
+    if len(nodes) > MAX_VIA or not all(NODE_ID.fullmatch(n) for n in nodes):
+        raise BadInput(f"{VIA_HEADER} must list at most {MAX_VIA} node names of 1-64 "
+                       "characters A-Z a-z 0-9 _ . : -, comma-separated")
+    return nodes
 
 
 class RelayRoutes:
@@ -185,7 +201,7 @@ class RelayRoutes:
             if publishing:
                 session = await self.service.publish(name, offer)
             else:
-                session = await self.service.view(name, offer)
+                session = await self.service.view(name, offer, parse_via(request))
         except BaseException:
             self.clients.release(client)
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -15,8 +16,10 @@ from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.limits import CpuMonitor, MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay.cascade import Cascade
 from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
+from sfu_sidecar.relay.pull import PullSession, Upstream
 from sfu_sidecar.relay.session import (
     ENDED_REFUSED,
     ENDED_SHUTDOWN,
@@ -67,13 +70,23 @@ class RelayService:
         self.header_extensions = tuple(header_extensions)
         self.observers: list[RelayObserver] = list(observers)
         self.streams = Streams()
-        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0, "feeds": 0}
+        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0, "feeds": 0, "pulls": 0}
         self.channel_limiter = MessageLimiter(
             "data_channel", settings.channel_messages_per_s, metrics.messages_dropped, log
         )
         # The load new viewers are admitted against (setting max_cpu_percent).
         self.cpu = CpuMonitor()
         self._cpu_task: asyncio.Task[None] | None = None
+        self.node_id = settings.node_id or uuid.uuid4().hex[:12]
+        # Pulls streams that have no publisher here from origin_url (None: not an edge).
+        self.cascade: Cascade | None = None
+        if settings.origin_url is not None:
+            self.cascade = Cascade(
+                node_id=self.node_id, origin_url=settings.origin_url,
+                token=settings.origin_token, linger_s=settings.cascade_linger_s,
+                streams=self.streams, pull=self.pull,
+            )
+            self.observers.append(self.cascade)
         metrics.registry.register(_RelayCollector(self))
 
     def add_observer(self, observer: RelayObserver) -> None:
@@ -95,6 +108,8 @@ class RelayService:
     async def stop(self) -> None:
         if self._cpu_task is not None:
             self._cpu_task.cancel()
+        if self.cascade is not None:
+            await self.cascade.stop()
         sessions: list[PublisherSource | ViewerSink] = []
         for stream in list(self.streams.by_name.values()):
             if stream.publisher is not None:
@@ -127,6 +142,20 @@ class RelayService:
             await session.close(ENDED_REFUSED)
             raise
         self._accepted["taps"] += 1
+        return session
+
+    async def pull(self, name: str, upstream: Upstream) -> PullSession:
+        """``name``'s publisher, pulled over WHEP from ``upstream`` (``relay/pull.py``)."""
+        stream = self.streams.get_or_create(name)
+        session = PullSession(stream, self.settings, self.now_ns, self.observers, upstream,
+                              self.channel_limiter)
+        stream.claim_publisher(session, session.request_keyframe)
+        try:
+            await session.open()
+        except BaseException:
+            await session.close(ENDED_REFUSED)
+            raise
+        self._accepted["pulls"] += 1
         return session
 
     def taps(self) -> list[TapSession]:
@@ -162,7 +191,11 @@ class RelayService:
     def find_feed(self, feed_id: str) -> FeedSession | None:
         return next((f for f in self.feeds() if f.id == feed_id), None)
 
-    async def view(self, name: str, offer: str) -> ViewerSession:
+    async def view(self, name: str, offer: str, via: tuple[str, ...] = ()) -> ViewerSession:
+        """A WHEP viewer of ``name``. ``via``: the relays a pulled request came through (an
+        edge pulls the stream from its upstream first when it has no publisher for it)."""
+        if self.cascade is not None:
+            await self.cascade.ensure(name, via)
         stream = self.streams.get_or_create(name)
         session = ViewerSession(stream, self.settings, self.now_ns, self.observers,
                                 media_clock=self.media_clock,
@@ -275,6 +308,7 @@ class _RelayCollector(Collector):
         sessions.add_metric(["viewer"], s._accepted["viewers"])
         sessions.add_metric(["tap"], s._accepted["taps"])
         sessions.add_metric(["feed"], s._accepted["feeds"])
+        sessions.add_metric(["pull"], s._accepted["pulls"])
         cpu = GaugeMetricFamily(
             f"{NAMESPACE}_relay_cpu_percent",
             "share of one core this process used, smoothed over 2 s (new viewers are refused "

@@ -285,6 +285,9 @@ class PublisherSource(_SessionBase):
 
     def _init_publisher(self) -> None:
         self._last_packet_mono = time.monotonic()
+        # False while the source says it has nothing to send (a pulled stream whose upstream
+        # lost its publisher); observers hear of changes through ``publisher_state``.
+        self.upstream_live = True
         # Only observers that override publisher_packet cost anything per packet.
         self._packet_observers = [
             o for o in self.observers
@@ -299,6 +302,12 @@ class PublisherSource(_SessionBase):
     @property
     def tracks(self) -> list[PublisherTrack]:
         return self.receiver.tracks
+
+    @property
+    def relayed(self) -> bool:
+        """Whether capture times arrive on a clock joined to this node's and the stream's
+        epoch comes from upstream (a pull from another sidecar), not from this node."""
+        return False
 
     # --- packet path ----------------------------------------------------------------------
 

@@ -35,6 +35,7 @@ from sfu_sidecar.relay.hooks import (
     ViewerHandle,
 )
 from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.relay.session import PublisherSource
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
 from sfu_sidecar.sync.mapping import CaptureTime, build_abs_capture_time
 from sfu_sidecar.sync.wire import (
@@ -42,6 +43,8 @@ from sfu_sidecar.sync.wire import (
     ClockReq,
     ClockResp,
     ControlMessage,
+    Cue,
+    CueRetract,
     Epoch,
     PublisherState,
     SyncWireError,
@@ -114,6 +117,8 @@ class SyncService(RelayObserver):
         # Channels that opened before their viewer's transport counted as connected.
         self._pending_channels: dict[str, DataChannel] = {}
         self._tasks = Tasks("sync", log)
+        # Cues an upstream sidecar pushed, waiting to be stored here (_mirror).
+        self._mirrored: asyncio.Queue[Cue | CueRetract] = asyncio.Queue(maxsize=10_000)
         self._messages = metrics.counter("sync_messages", "Messages sent on sync channels")
         self._bytes = metrics.counter("sync_bytes", "Bytes sent on sync channels")
         self._bad = metrics.counter(
@@ -141,6 +146,7 @@ class SyncService(RelayObserver):
         self._tasks.start("poll", self._poll_loop())
         if self.captions is not None:
             self._tasks.start("captions", self._caption_loop())
+            self._tasks.start("mirror", self._mirror_loop())
 
     async def stop(self) -> None:
         await self._tasks.stop()
@@ -171,11 +177,26 @@ class SyncService(RelayObserver):
     def publisher_closed(self, publisher: PublisherHandle) -> None:
         self._announce(publisher.stream_name)
 
-    def _publisher_live(self, stream_name: str) -> bool:
+    def publisher_state(self, publisher: PublisherHandle) -> None:
+        self._announce(publisher.stream_name)
+
+    def _live_publisher(self, stream_name: str) -> PublisherSource | None:
         stream = self.relay.streams.by_name.get(stream_name)
         publisher = stream.publisher if stream is not None else None
-        return (publisher is not None and publisher.connected_once
-                and not publisher.closed.is_set())
+        if publisher is None or not publisher.connected_once or publisher.closed.is_set():
+            return None
+        return publisher
+
+    def _publisher_live(self, stream_name: str) -> bool:
+        publisher = self._live_publisher(stream_name)
+        return publisher is not None and publisher.upstream_live
+
+    def _relayed(self, stream_name: str, pub: _Publisher) -> bool:
+        """Whether ``stream_name``'s publisher is a pull from another sidecar whose clock it
+        joined: its epoch and captions are the upstream's."""
+        publisher = self._live_publisher(stream_name)
+        return (publisher is not None and publisher.relayed
+                and publisher.id == pub.publisher_id)
 
     def _send_state(self, entry: _Viewer, now_ns: int) -> None:
         stream = entry.session.stream_name
@@ -226,6 +247,8 @@ class SyncService(RelayObserver):
         if pub.epoch_fixed or self.captions.epoch(stream) is not None:
             pub.epoch_fixed = True
             return
+        if self._relayed(stream, pub):
+            return  # the upstream's epoch comes over its sync channel (_mirror)
         if pub.first_frame is None:
             pub.first_frame = (packet.timestamp, packet.arrival_ns)
         first_ts, first_arrival = pub.first_frame
@@ -401,13 +424,47 @@ class SyncService(RelayObserver):
 
     def _on_publisher_message(self, pub: _Publisher, channel: DataChannel, data: Any) -> None:
         message = self._receive(channel, data, f"publisher {(pub.publisher_id or '?')[:8]}")
-        if message is not None and isinstance(message.message, ClockReport):
+        if message is None:
+            return
+        control = message.message
+        if isinstance(control, ClockReport):
             # The publisher measured house - its clock: its capture stamps map exactly.
-            pub.clock_report = message.message
-            pub.sync.join(message.message.offset_ns)
+            pub.clock_report = control
+            pub.sync.join(control.offset_ns)
             log.info("publisher %s joined the house clock: offset %d ns, error %d ns",
-                     (pub.publisher_id or "?")[:8], message.message.offset_ns,
-                     message.message.error_ns)
+                     (pub.publisher_id or "?")[:8], control.offset_ns, control.error_ns)
+        elif isinstance(control, Epoch | Cue | CueRetract):
+            self._mirror(pub, control)
+
+    def _mirror(self, pub: _Publisher, control: Epoch | Cue | CueRetract) -> None:
+        """The stream's epoch and captions as an upstream sidecar has them, taken over by
+        this node; from any other publisher they are ignored (a publisher cannot write
+        captions without the ingest token)."""
+        stream = control.stream
+        if (self.captions is None or pub.clock_report is None
+                or not self._relayed(stream, pub)):
+            return
+        if isinstance(control, Epoch):
+            # Upstream house time -> ours: house = publisher + offset.
+            self.captions.follow_epoch(stream, control.epoch_ns + pub.clock_report.offset_ns)
+            pub.epoch_fixed = True
+        else:
+            try:
+                self._mirrored.put_nowait(control)
+            except asyncio.QueueFull:
+                log.warning("cue %s of %s from upstream dropped: store too slow", control.id,
+                            stream)
+
+    async def _mirror_loop(self) -> None:
+        """Stores mirrored cues one at a time, in the order the upstream sent them."""
+        assert self.captions is not None
+        while True:
+            event = await self._mirrored.get()
+            try:
+                await self.captions.mirror(event)
+            except Exception as exc:  # storage refusing: the upstream still has the cue
+                log.warning("cue %s of %s from upstream not stored: %s", event.id,
+                            event.stream, exc)
 
     def poll_once(self) -> None:
         now = self.now_ns()

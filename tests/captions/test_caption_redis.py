@@ -98,8 +98,6 @@ class Node:
         assert out is not None
         for line in out:
             self.lines.append(line.decode(errors="replace"))
-            with open(f"/tmp/node-{self.base[-5:]}.log", "a") as f:
-                f.write(line.decode(errors="replace"))
 
     def wait_ready(self) -> None:
         import urllib.request

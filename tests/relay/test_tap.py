@@ -333,7 +333,8 @@ async def test_ffmpeg_rtp_output_through_a_tap(
         # packet, so an encoder start-up of 50-100 ms on a loaded machine would put every
         # report's capture time after the media's arrival (rightly refused by the relay).
         clip = tmp_path / "clip.webm"
-        subprocess.run(
+        await asyncio.to_thread(
+            subprocess.run,
             ["ffmpeg", "-nostdin", "-loglevel", "error", "-f", "lavfi",
              "-i", "testsrc=size=320x240:rate=30", "-t", "40", "-c:v", "libvpx",
              "-deadline", "realtime", "-cpu-used", "8", "-b:v", "600k", "-g", "30", str(clip)],
