@@ -1,7 +1,8 @@
 """Cascade: when this node pulls a stream from its upstream, and for how long.
 
 A viewer asking for a stream this node has no publisher for starts a pull (``relay/pull.py``)
-from the upstream named by ``origin_url``, and the viewer's answer waits for the pull's: the
+from the stream's origin as the stream directory names it (``relay/directory.py``, with Redis),
+else from the upstream named by ``origin_url``, and the viewer's answer waits for the pull's: the
 stream's codecs are then the upstream's, so the viewer negotiates what will arrive. Every later
 viewer rides the same pull. A pull that fails while viewers remain (the upstream restarted, a
 network break) is tried again with backoff; one left without viewers ends after
@@ -20,6 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from sfu_sidecar import logs
 from sfu_sidecar.exceptions import LoopDetected
+from sfu_sidecar.relay.directory import StreamDirectory
 from sfu_sidecar.relay.hooks import PublisherHandle, RelayObserver, ViewerHandle
 from sfu_sidecar.relay.pull import PullSession, Upstream, is_refusal
 from sfu_sidecar.relay.session import ENDED_DELETED, ENDED_SHUTDOWN
@@ -30,6 +32,7 @@ log = logs.get("relay.cascade")
 
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 8.0
+WATCH_S = 1.0  # how often streams with viewers and no publisher are looked up
 ENDED_IDLE = "idle"  # a pull with no viewers left, ended after cascade_linger_s
 
 Pull = Callable[[str, Upstream], Awaitable[PullSession]]
@@ -44,31 +47,42 @@ def whep_url(origin_url: str, stream: str) -> str:
 
 
 class Cascade(RelayObserver):
-    """Pulls streams from one upstream on demand (an observer of the relay, for its viewers
-    leaving and its pulls ending)."""
+    """Pulls streams on demand from their origin in the directory or from ``origin_url`` (an
+    observer of the relay, for its viewers leaving and its pulls ending)."""
 
     def __init__(
         self,
         *,
         node_id: str,
-        origin_url: str,
+        origin_url: str | None,
         token: str | None,
         linger_s: float,
         streams: Streams,
         pull: Pull,
+        directory: StreamDirectory | None = None,
     ) -> None:
         self.node_id = node_id
+        self.directory = directory
         self.origin_url = origin_url
         self.token = token
         self.linger_s = linger_s
         self.streams = streams
         self._pull = pull
-        self._pending: dict[str, asyncio.Future[PullSession]] = {}
+        self._pending: dict[str, asyncio.Future[PullSession | None]] = {}
         self._tasks = Tasks("cascade", log)
         self.retries = 0
 
-    def upstream(self, stream: str, via: tuple[str, ...]) -> Upstream:
-        url = whep_url(self.origin_url, stream)
+    async def upstream(self, stream: str, via: tuple[str, ...]) -> Upstream | None:
+        """Where ``stream`` comes from: the node the directory names as its origin, else
+        origin_url; None when neither knows (a publisher may yet come to this node)."""
+        origin = self.origin_url
+        if self.directory is not None:
+            entry = await self.directory.lookup(stream)
+            if entry is not None and entry[0] != self.node_id:
+                origin = entry[1]
+        if origin is None:
+            return None
+        url = whep_url(origin, stream)
         parts = urlsplit(url)
         return Upstream(
             whep_url=url, token=self.token, clock_url=f"{parts.scheme}://{parts.netloc}",
@@ -97,8 +111,11 @@ class Cascade(RelayObserver):
             pending.add_done_callback(lambda _: self._pending.pop(stream, None))
         await asyncio.shield(pending)
 
-    async def _start(self, stream: str, via: tuple[str, ...]) -> PullSession:
-        return await self._pull(stream, self.upstream(stream, via))
+    async def _start(self, stream: str, via: tuple[str, ...]) -> PullSession | None:
+        upstream = await self.upstream(stream, via)
+        if upstream is None:
+            return None
+        return await self._pull(stream, upstream)
 
     # --- relay hooks ------------------------------------------------------------------------
 
@@ -151,6 +168,21 @@ class Cascade(RelayObserver):
             return
         log.info("pull of %s: no viewers for %.0f s, ending it", stream, self.linger_s)
         await found.publisher.close(ENDED_IDLE)
+
+    async def start(self) -> None:
+        if self.directory is not None:
+            self._tasks.start("watch", self._watch())
+
+    async def _watch(self) -> None:
+        """Viewers waiting on a stream nobody published here yet: pull it as soon as the
+        directory lists it on another node."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            for stream in list(self.streams.by_name.values()):
+                if (stream.viewers and stream.publisher is None
+                        and stream.name not in self._pending):
+                    with contextlib.suppress(Exception):  # refusals are logged by the pull
+                        await self.ensure(stream.name)
 
     async def stop(self) -> None:
         await self._tasks.stop()
