@@ -87,10 +87,13 @@ def extension_id(sdp: str, uri: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-async def _join_clock(
-    session: WhipSession, channel: RTCDataChannel, clock_ns: Callable[[], int]
-) -> None:
-    """Four-timestamp exchange over the channel (proto/clock.md); then report the offset."""
+async def join_over_channel(
+    channel: RTCDataChannel, clock_ns: Callable[[], int]
+) -> ClockReport | None:
+    """Join the far side's house clock over a ``sync`` DataChannel with ``clock_ns`` as this
+    side's clock: the four-timestamp exchange (proto/clock.md), then the ClockReport sent to
+    it. The report, or None when no reply came (the peer is no sidecar); TimeoutError when
+    the channel does not open within OPEN_TIMEOUT_S."""
     join = exchange.ClockJoin()
     replies: asyncio.Queue[tuple[ClockResp, int]] = asyncio.Queue()
 
@@ -116,12 +119,22 @@ async def _join_clock(
             continue
         join.response(resp, t4)
         await asyncio.sleep(JOIN_SPACING_S)
+    channel.remove_listener("message", on_message)
     report = join.report()
+    if report is not None:
+        channel.send(ControlMessage(report).serialize())
+    return report
+
+
+async def _join_clock(
+    session: WhipSession, channel: RTCDataChannel, clock_ns: Callable[[], int]
+) -> None:
+    """Join the relay's house clock and report the offset (see :func:`join_over_channel`)."""
+    report = await join_over_channel(channel, clock_ns)
     if report is None:
         log.warning("clock join got no answer; the relay will estimate this publisher's clock")
         return
     session.clock_report = report
-    channel.send(ControlMessage(session.clock_report).serialize())
 
 
 async def publish(
