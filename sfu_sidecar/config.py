@@ -158,6 +158,35 @@ def _parse_origin_url(raw: RawValue) -> str | None:
     return value
 
 
+@dataclass(frozen=True)
+class PushTarget:
+    """A stream pushed to a WHIP endpoint from startup (setting push_targets)."""
+
+    stream: str
+    url: str
+
+    def __str__(self) -> str:
+        return f"{self.stream}={self.url}"
+
+
+def _parse_push_targets(raw: RawValue) -> tuple[PushTarget, ...]:
+    out = []
+    for item in _split_list(raw):
+        stream, sep, url = item.partition("=")
+        stream, url = stream.strip(), url.strip()
+        if not sep or not re.fullmatch(r"[A-Za-z0-9_.~-]{1,128}", stream):
+            raise _Invalid(f"{item!r}: expected STREAM=URL, the stream 1-128 characters of "
+                           "A-Z a-z 0-9 _ . ~ -")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            raise _Invalid(f"{item!r}: the WHIP endpoint must be an http(s) URL")
+        target = PushTarget(stream, url)
+        if target in out:
+            raise _Invalid(f"{item!r} is given twice")
+        out.append(target)
+    return tuple(out)
+
+
 def _parse_node_id(raw: RawValue) -> str | None:
     value = _as_str(raw).strip()
     if not value:
@@ -514,6 +543,17 @@ class Settings:
         10.0, _parse_float(0.0, 3600.0),
         "seconds a pull from origin_url keeps running after its last viewer left",
         metavar="SECONDS",
+    )
+    push_targets: tuple[PushTarget, ...] = _setting(
+        (), _parse_push_targets,
+        "streams to forward to WHIP endpoints from startup, comma-separated STREAM=URL pairs "
+        "(each waits for its stream's publisher and reconnects with backoff)",
+        metavar="PAIRS",
+    )
+    push_token: str | None = _setting(
+        None, _parse_optional_str,
+        "Bearer token sent to the WHIP endpoints of push_targets (not to pushes made over the "
+        "API, which bring their own)", metavar="TOKEN", secret=True,
     )
 
     def redacted(self) -> dict[str, str]:

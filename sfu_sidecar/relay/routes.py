@@ -3,7 +3,8 @@
 ``POST /whip/{stream}`` / ``POST /whep/{stream}`` create a session resource
 (``/whip/{stream}/{session}``) that takes ``PATCH`` (trickle ICE) and ``DELETE``.
 ``POST /api/taps`` creates a plain-RTP tap (``/api/taps/{tap}``) that takes ``GET`` and
-``DELETE``; ``POST /api/feeds`` a plain-RTP feed (``/api/feeds/{feed}``), the same way.
+``DELETE``; ``POST /api/feeds`` a plain-RTP feed (``/api/feeds/{feed}``), the same way;
+``POST /api/pushes`` a push of a stream to a WHIP endpoint (``/api/pushes/{push}``), too.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.feed import FeedSession, parse_feed_request
 from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.pull import VIA_HEADER
+from sfu_sidecar.relay.push import parse_push_request
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 from sfu_sidecar.relay.tap import TapSession, parse_tap_request, tap_request_from_sdp
@@ -40,6 +42,7 @@ STREAM_PATTERN = r"{stream:[A-Za-z0-9_.~-]{1,128}}"
 SESSION_PATTERN = r"{session:[0-9a-f]{32}}"
 TAP_PATTERN = r"{tap:[0-9a-f]{32}}"
 FEED_PATTERN = r"{feed:[0-9a-f]{32}}"
+PUSH_PATTERN = r"{push:[0-9a-f]{32}}"
 
 Session = PublisherSession | ViewerSession
 # Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
@@ -99,6 +102,11 @@ class RelayRoutes:
         r.add_get(f"/api/feeds/{FEED_PATTERN}", self.get_feed)
         r.add_delete(f"/api/feeds/{FEED_PATTERN}", self.delete_feed)
         r.add_route("*", "/api/feeds/{feed}", self.unknown)
+        r.add_post("/api/pushes", self.create_push)
+        r.add_get("/api/pushes", self.list_pushes)
+        r.add_get(f"/api/pushes/{PUSH_PATTERN}", self.get_push)
+        r.add_delete(f"/api/pushes/{PUSH_PATTERN}", self.delete_push)
+        r.add_route("*", "/api/pushes/{push}", self.unknown)
         r.add_get("/api/streams", self.list_streams)
         r.add_get(f"/api/streams/{STREAM_PATTERN}", self.get_stream)
 
@@ -349,6 +357,39 @@ class RelayRoutes:
         feed = self._feed(request)
         await feed.close()
         return json_ok({"id": feed.id, "state": feed.state, "ended": feed.ended_reason})
+
+    # --- pushes to WHIP endpoints ----------------------------------------------------------
+
+    async def create_push(self, request: web.Request) -> web.Response:
+        # A connection to a URL of the caller's choosing carrying a stream: publishing's
+        # privilege, as for feeds. Every push route asks it: a WHIP URL may hold a key.
+        require_publish(request, self.settings, "pushing")
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        try:
+            data = json.loads(body)
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise BadInput("body is not JSON") from None
+        stream, url, token = parse_push_request(data)
+        # A push is a viewer of its stream: the viewer limits apply to it.
+        self._check_limits(stream, client_key(request.remote), publishing=False)
+        push = self.service.pushes.add(stream, url, token)
+        location = f"/api/pushes/{push.id}"
+        return json_ok({**push.status(), "location": location}, status=201,
+                       headers={"Location": location})
+
+    async def list_pushes(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "pushing")
+        return json_ok({"pushes": [p.status() for p in self.service.pushes.list()]})
+
+    async def get_push(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "pushing")
+        return json_ok(self.service.pushes.get(request.match_info["push"]).status())
+
+    async def delete_push(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "pushing")
+        push = await self.service.pushes.remove(request.match_info["push"])
+        return json_ok(push.status())
 
     async def list_streams(self, request: web.Request) -> web.Response:
         return json_ok({"streams": [s.status() for s in self.service.streams.by_name.values()]})

@@ -20,6 +20,7 @@ from sfu_sidecar.relay.cascade import Cascade
 from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.pull import PullSession, Upstream
+from sfu_sidecar.relay.push import Pushes, PushSession
 from sfu_sidecar.relay.session import (
     ENDED_REFUSED,
     ENDED_SHUTDOWN,
@@ -70,7 +71,8 @@ class RelayService:
         self.header_extensions = tuple(header_extensions)
         self.observers: list[RelayObserver] = list(observers)
         self.streams = Streams()
-        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0, "feeds": 0, "pulls": 0}
+        self._accepted = {"publishers": 0, "viewers": 0, "taps": 0, "feeds": 0, "pulls": 0,
+                          "pushes": 0}
         self.channel_limiter = MessageLimiter(
             "data_channel", settings.channel_messages_per_s, metrics.messages_dropped, log
         )
@@ -87,6 +89,8 @@ class RelayService:
                 streams=self.streams, pull=self.pull,
             )
             self.observers.append(self.cascade)
+        # Streams forwarded to WHIP endpoints (setting push_targets, and POST /api/pushes).
+        self.pushes = Pushes(self.streams, self.push)
         metrics.registry.register(_RelayCollector(self))
 
     def add_observer(self, observer: RelayObserver) -> None:
@@ -104,12 +108,16 @@ class RelayService:
         for kind, uri in self.header_extensions:
             adapter.negotiate_header_extension(kind, uri)
         self._cpu_task = asyncio.create_task(self.cpu.run(), name="relay-cpu")
+        for target in self.settings.push_targets:
+            self.pushes.add(target.stream, target.url, self.settings.push_token,
+                            source="settings", require_stream=False)
 
     async def stop(self) -> None:
         if self._cpu_task is not None:
             self._cpu_task.cancel()
         if self.cascade is not None:
             await self.cascade.stop()
+        await self.pushes.stop()
         sessions: list[PublisherSource | ViewerSink] = []
         for stream in list(self.streams.by_name.values()):
             if stream.publisher is not None:
@@ -182,6 +190,23 @@ class RelayService:
             await session.close(ENDED_REFUSED)
             raise
         self._accepted["feeds"] += 1
+        return session
+
+    async def push(self, name: str, url: str, token: str | None) -> PushSession:
+        """``name`` forwarded to the WHIP endpoint ``url`` (``relay/push.py``), a viewer of it.
+        :class:`Pushes` calls this for every attempt."""
+        stream = self.streams.by_name.get(name)
+        if stream is None:
+            raise NotFound(f"no stream {name}")
+        session = PushSession(stream, self.settings, self.now_ns, self.observers,
+                              url=url, token=token)
+        stream.viewer_added(session)
+        try:
+            await session.open()
+        except BaseException:
+            await session.close(ENDED_REFUSED)
+            raise
+        self._accepted["pushes"] += 1
         return session
 
     def feeds(self) -> list[FeedSession]:
@@ -309,6 +334,14 @@ class _RelayCollector(Collector):
         sessions.add_metric(["tap"], s._accepted["taps"])
         sessions.add_metric(["feed"], s._accepted["feeds"])
         sessions.add_metric(["pull"], s._accepted["pulls"])
+        sessions.add_metric(["push"], s._accepted["pushes"])
+        pushes = GaugeMetricFamily(
+            f"{NAMESPACE}_relay_pushes",
+            "pushes to WHIP endpoints, by state: waiting (for a publisher), connecting, "
+            "connected, retrying", labels=["state"],
+        )
+        for state, count in s.pushes.counts().items():
+            pushes.add_metric([state], count)
         cpu = GaugeMetricFamily(
             f"{NAMESPACE}_relay_cpu_percent",
             "share of one core this process used, smoothed over 2 s (new viewers are refused "
@@ -318,4 +351,4 @@ class _RelayCollector(Collector):
         if percent is not None:
             cpu.add_metric([], percent)
         yield from (packets_in, packets_out, nacks, plis, viewers, publishers, bad, feed_bad,
-                    sessions, ended, cpu)
+                    sessions, ended, pushes, cpu)
