@@ -25,10 +25,9 @@ arrival, every record flagged with its source.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiortc import RTCSessionDescription
@@ -49,10 +48,12 @@ from sfu_sidecar.exceptions import (
 )
 from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
 from sfu_sidecar.relay.receiver import PublisherTrack
 from sfu_sidecar.relay.session import (
+    ENDED_DISCONNECTED,
     ChannelHandle,
     PublisherSource,
     StreamSlot,
@@ -77,7 +78,6 @@ log = logs.get("relay.pull")
 # Names the nodes a WHEP request has come through, closest to the viewer first. A node that
 # finds itself in it refuses (508): the request went round a loop of pulls.
 VIA_HEADER = "Sidecar-Via"
-HTTP_TIMEOUT_S = 10.0
 CLOCK_REJOIN_S = 60.0
 MAX_HELD = 1000  # the two oscillators drift apart by up to ~1 us/s at 1 ppm each
 
@@ -241,25 +241,18 @@ class PullSession(PublisherSource, _PeerSession):
             ) from None
 
     async def _post_offer(self, offer: str) -> str:
-        headers = {"Content-Type": "application/sdp",
-                   VIA_HEADER: ",".join(self.upstream.via)}
-        if self.upstream.token:
-            headers["Authorization"] = f"Bearer {self.upstream.token}"
         url = self.upstream.whep_url
-        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as http, \
-                    http.post(url, data=offer, headers=headers) as resp:
-                body = await resp.text()
-                location = resp.headers.get("Location")
-                status = resp.status
+            answer = await remote.post_offer(url, offer, self.upstream.token,
+                                             {VIA_HEADER: ",".join(self.upstream.via)})
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise UpstreamUnavailable(
                 f"upstream {url} unreachable ({type(exc).__name__}: {exc})", retry_after="2",
             ) from None
+        status, body = answer.status, answer.body
         reason = body.strip()[:300]
-        if status == 201 and location:
-            self.location = urljoin(url, location)
+        if status == 201 and answer.location:
+            self.location = answer.location
             return body
         if status == 404:
             raise NotFound(f"upstream {url} has no such stream: {reason}")
@@ -267,7 +260,7 @@ class PullSession(PublisherSource, _PeerSession):
             raise LoopDetected(f"pulling from {url} would loop: {reason}")
         if status in (429, 503):
             raise AtCapacity(f"upstream {url} is full: {reason}",
-                             retry_after=resp.headers.get("Retry-After", "5"))
+                             retry_after=answer.retry_after or "5")
         raise UpstreamUnavailable(f"upstream {url} answered {status}: {reason}")
 
     # --- transport --------------------------------------------------------------------------
@@ -348,15 +341,9 @@ class PullSession(PublisherSource, _PeerSession):
         """The upstream opens no channels of its own (ours is the offerer's)."""
 
     async def _release(self) -> None:
-        if self.location is not None and self.ended_reason != "disconnected":
+        if self.location is not None and self.ended_reason != ENDED_DISCONNECTED:
             # Free the upstream's viewer slot now rather than at its consent timeout.
-            headers = {"Authorization": f"Bearer {self.upstream.token}"} \
-                if self.upstream.token else {}
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                async with aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=2)
-                ) as http, http.delete(self.location, headers=headers):
-                    pass
+            await remote.delete_resource(self.location, self.upstream.token)
         await adapter.close_peer(self.pc)
 
     def status(self) -> dict[str, object]:

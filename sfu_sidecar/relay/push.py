@@ -31,7 +31,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import urlsplit
 
 import aiohttp
 from aiortc import RTCSessionDescription
@@ -42,6 +42,7 @@ from sfu_sidecar.client.whip import join_over_channel
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, Conflict, NotFound, Unprocessable
 from sfu_sidecar.relay import aiortc_adapter as adapter
+from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.forwarder import OutputConfig, ViewerOutput
 from sfu_sidecar.relay.hooks import RelayObserver
@@ -63,7 +64,6 @@ from sfu_sidecar.tasks import Tasks
 
 log = logs.get("relay.push")
 
-HTTP_TIMEOUT_S = 10.0
 CLOCK_REJOIN_S = 60.0  # the two house clocks drift apart slowly; the remote gets a new offset
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 30.0
@@ -177,25 +177,17 @@ class PushSession(ViewerSink, _PeerSession):
                  ", ".join(f"{k} {codecs[k].name}" for k in self.outputs))
 
     async def _post_offer(self, offer: str) -> str:
-        headers = {"Content-Type": "application/sdp"}
-        if self.token:
-            headers["Authorization"] = f"Bearer {self.token}"
         where = origin_of(self.url)
-        timeout = aiohttp.ClientTimeout(total=HTTP_TIMEOUT_S)
         try:
-            async with aiohttp.ClientSession(timeout=timeout) as http, \
-                    http.post(self.url, data=offer, headers=headers) as resp:
-                body = await resp.text()
-                location = resp.headers.get("Location")
-                status = resp.status
+            answer = await remote.post_offer(self.url, offer, self.token)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             raise PushError(f"{where} unreachable ({type(exc).__name__}: {exc})") from None
-        if status != 201:
-            raise PushError(f"{where} answered {status}: {body.strip()[:300]}")
-        if not location:
+        if answer.status != 201:
+            raise PushError(f"{where} answered {answer.status}: {answer.body.strip()[:300]}")
+        if not answer.location:
             raise PushError(f"{where} answered 201 without a Location")
-        self.location = urljoin(self.url, location)
-        return body
+        self.location = answer.location
+        return answer.body
 
     # --- transport --------------------------------------------------------------------------
 
@@ -244,12 +236,7 @@ class PushSession(ViewerSink, _PeerSession):
     async def _release(self) -> None:
         if self.location is not None and self.ended_reason != ENDED_DISCONNECTED:
             # Free the remote's publisher slot now rather than at its consent timeout.
-            headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError, OSError):
-                async with aiohttp.ClientSession(
-                    timeout=aiohttp.ClientTimeout(total=2)
-                ) as http, http.delete(self.location, headers=headers):
-                    pass
+            await remote.delete_resource(self.location, self.token)
         await adapter.close_peer(self.pc)
 
     def status(self) -> dict[str, Any]:
