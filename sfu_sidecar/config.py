@@ -534,6 +534,12 @@ class Settings:
         None, _parse_optional_str, "Bearer token for viewing on the upstream (origin_url)",
         metavar="TOKEN", secret=True,
     )
+    advertise_url: str | None = _setting(
+        None, _parse_origin_url,
+        "this node's http(s)://HOST[:PORT] as other nodes reach it; with redis_url its "
+        "published streams are listed in the shared stream directory, so any node can pull them",
+        metavar="URL",
+    )
     node_id: str | None = _setting(
         None, _parse_node_id,
         "this node's name in a cascade, sent upstream to refuse loops (random at start when "

@@ -17,6 +17,7 @@ from sfu_sidecar.limits import CpuMonitor, MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.cascade import Cascade
+from sfu_sidecar.relay.directory import StreamDirectory
 from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.pull import PullSession, Upstream
@@ -82,11 +83,19 @@ class RelayService:
         self.node_id = settings.node_id or uuid.uuid4().hex[:12]
         # Pulls streams that have no publisher here from origin_url (None: not an edge).
         self.cascade: Cascade | None = None
-        if settings.origin_url is not None:
+        # Which node publishes which stream, shared in Redis (redis_url and advertise_url).
+        self.directory: StreamDirectory | None = None
+        if settings.redis_url is not None and settings.advertise_url is not None:
+            self.directory = StreamDirectory(
+                settings.redis_url, self.node_id, settings.advertise_url,
+                is_origin=lambda p: not isinstance(p, PullSession),
+            )
+            self.observers.append(self.directory)
+        if settings.origin_url is not None or self.directory is not None:
             self.cascade = Cascade(
                 node_id=self.node_id, origin_url=settings.origin_url,
                 token=settings.origin_token, linger_s=settings.cascade_linger_s,
-                streams=self.streams, pull=self.pull,
+                streams=self.streams, pull=self.pull, directory=self.directory,
             )
             self.observers.append(self.cascade)
         # Streams forwarded to WHIP endpoints (setting push_targets, and POST /api/pushes).
@@ -108,6 +117,10 @@ class RelayService:
         for kind, uri in self.header_extensions:
             adapter.negotiate_header_extension(kind, uri)
         self._cpu_task = asyncio.create_task(self.cpu.run(), name="relay-cpu")
+        if self.directory is not None:
+            await self.directory.start()
+        if self.cascade is not None:
+            await self.cascade.start()
         for target in self.settings.push_targets:
             self.pushes.add(target.stream, target.url, self.settings.push_token,
                             source="settings", require_stream=False)
@@ -125,6 +138,8 @@ class RelayService:
             sessions.extend(stream.viewers.values())
         await asyncio.gather(*(s.close(ENDED_SHUTDOWN) for s in sessions),
                              return_exceptions=True)
+        if self.directory is not None:
+            await self.directory.stop()
 
     async def publish(self, name: str, offer: str) -> PublisherSession:
         stream = self.streams.get_or_create(name)
