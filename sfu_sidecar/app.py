@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from sfu_sidecar import __version__, logs
 from sfu_sidecar.captions import routes as caption_routes
@@ -22,6 +23,7 @@ from sfu_sidecar.httpapi import (
     METRICS_KEY,
     cors_middleware,
     edge_middleware,
+    forwarded_middleware,
     install_cors,
     json_ok,
 )
@@ -184,8 +186,11 @@ def build_app(settings: Settings, components: Components | None = None) -> web.A
     if components is None:
         components = build_components(settings, Metrics())
     metrics = components.metrics
+    middlewares: list[Middleware] = [edge_middleware, cors_middleware]
+    if settings.proxy_key is not None:  # a worker of serve --workers: the supervisor's client
+        middlewares.insert(0, forwarded_middleware(settings.proxy_key))
     app = web.Application(
-        middlewares=[edge_middleware, cors_middleware], client_max_size=settings.max_body_bytes,
+        middlewares=middlewares, client_max_size=settings.max_body_bytes,
         # Bodies are read as sent: no client of this API compresses SDP or cues, and aiohttp's
         # own decompression answers a bad stream with errors no route can turn into a 4xx.
         handler_args={"auto_decompress": False},

@@ -34,6 +34,26 @@ def _non_negative(text: str) -> int:
     return value
 
 
+def _positive(text: str) -> int:
+    value = _non_negative(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is below 1")
+    return value
+
+
+def without_workers(argv: Sequence[str]) -> list[str]:
+    """The serve arguments a worker gets: everything but ``--workers N``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            out.append(arg)
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="sfu-sidecar",
@@ -44,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="run the service", description="Run the service.")
     _add_settings(serve)
+    serve.add_argument(
+        "--workers", type=_positive, default=None, metavar="N",
+        help="run N relay processes behind this one port (one per core; see README "
+        "'Workers')",
+    )
 
     demo = sub.add_parser(
         "demo", help="run the service plus a synthetic broadcaster with synced captions",
@@ -84,6 +109,7 @@ class Invocation:
     command: str  # "serve", "demo", "clock" or "captions check"
     args: argparse.Namespace
     settings: Settings | None  # for the commands that take settings
+    argv: tuple[str, ...] = ()  # as given, for serve --workers to hand its workers
 
 
 def prepare(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) -> Invocation:
@@ -93,11 +119,17 @@ def prepare(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) ->
     :class:`ConfigError`. Everything a command line can get wrong is found here, so ``main``
     can refuse it before any component starts.
     """
-    args = build_parser().parse_args(argv)
+    given = tuple(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(given)
     env = os.environ if env is None else env
     if args.command == "captions":
         return Invocation(f"captions {args.captions_command}", args, None)
-    return Invocation(args.command, args, _settings(args, env))
+    settings = _settings(args, env)
+    if getattr(args, "workers", None) is not None:
+        from sfu_sidecar.workers import check
+
+        check(settings, args.workers)
+    return Invocation(args.command, args, settings, given)
 
 
 def _execute(invocation: Invocation) -> int:
@@ -116,6 +148,11 @@ def _execute(invocation: Invocation) -> int:
         from sfu_sidecar.clock.cli import run_clock
 
         return run_clock(settings, count=args.count)
+    if args.workers is not None:
+        from sfu_sidecar import workers
+
+        serve_args = list(invocation.argv[invocation.argv.index("serve") + 1:])
+        return workers.run(settings, args.workers, without_workers(serve_args))
     from sfu_sidecar.app import run  # serve
 
     return run(settings)

@@ -540,6 +540,17 @@ class Settings:
         "published streams are listed in the shared stream directory, so any node can pull them",
         metavar="URL",
     )
+    directory_url: str | None = _setting(
+        None, _parse_origin_url,
+        "stream directory over HTTP: GET URL/streams/STREAM names the node a stream is "
+        "published on (serve --workers sets it for its workers)", metavar="URL",
+    )
+    proxy_key: str | None = _setting(
+        None, _parse_optional_str,
+        "requests bearing this key in Sidecar-Proxy-Key come from a trusted proxy, and the "
+        "client address in Sidecar-Client is used (serve --workers sets it for its workers)",
+        metavar="KEY", secret=True,
+    )
     node_id: str | None = _setting(
         None, _parse_node_id,
         "this node's name in a cascade, sent upstream to refuse loops (random at start when "

@@ -10,6 +10,7 @@ from typing import Any
 from urllib.parse import unquote_plus
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 
 from sfu_sidecar import logs
 from sfu_sidecar.config import Settings
@@ -43,6 +44,26 @@ def _route_label(request: web.Request) -> str:
     resource = route.resource if route is not None else None
     # The canonical template, not the path: keeps Prometheus label cardinality bounded.
     return resource.canonical if resource is not None else "unmatched"
+
+
+CLIENT_HEADER = "Sidecar-Client"
+PROXY_KEY_HEADER = "Sidecar-Proxy-Key"
+
+
+def forwarded_middleware(key: str) -> Middleware:
+    """Requests a trusted proxy (the ``serve --workers`` supervisor) forwarded: with the
+    proxy's key, the client address it names replaces its own, so limits and the
+    this-host-only rule see the real client. Without the key both headers are ignored."""
+
+    @web.middleware
+    async def forwarded(request: web.Request, handler: Handler) -> web.StreamResponse:
+        given = request.headers.get(PROXY_KEY_HEADER)
+        client = request.headers.get(CLIENT_HEADER)
+        if given is not None and client and hmac.compare_digest(given.encode(), key.encode()):
+            request = request.clone(remote=client)
+        return await handler(request)
+
+    return forwarded
 
 
 @web.middleware

@@ -21,7 +21,7 @@ from urllib.parse import quote, urlsplit
 
 from sfu_sidecar import logs
 from sfu_sidecar.exceptions import LoopDetected
-from sfu_sidecar.relay.directory import StreamDirectory
+from sfu_sidecar.relay.directory import Directory
 from sfu_sidecar.relay.hooks import PublisherHandle, RelayObserver, ViewerHandle
 from sfu_sidecar.relay.pull import PullSession, Upstream, is_refusal
 from sfu_sidecar.relay.session import ENDED_DELETED, ENDED_SHUTDOWN
@@ -59,7 +59,7 @@ class Cascade(RelayObserver):
         linger_s: float,
         streams: Streams,
         pull: Pull,
-        directory: StreamDirectory | None = None,
+        directory: Directory | None = None,
     ) -> None:
         self.node_id = node_id
         self.directory = directory

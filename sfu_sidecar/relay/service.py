@@ -6,6 +6,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -17,7 +18,7 @@ from sfu_sidecar.limits import CpuMonitor, MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.cascade import Cascade
-from sfu_sidecar.relay.directory import StreamDirectory
+from sfu_sidecar.relay.directory import Directory, HttpDirectory
 from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.pull import PullSession, Upstream
@@ -32,6 +33,9 @@ from sfu_sidecar.relay.session import (
 )
 from sfu_sidecar.relay.streams import Streams
 from sfu_sidecar.relay.tap import TapRequest, TapSession
+
+if TYPE_CHECKING:
+    from sfu_sidecar.relay.redis_directory import StreamDirectory
 
 log = logs.get("relay")
 
@@ -86,16 +90,21 @@ class RelayService:
         # Which node publishes which stream, shared in Redis (redis_url and advertise_url).
         self.directory: StreamDirectory | None = None
         if settings.redis_url is not None and settings.advertise_url is not None:
+            from sfu_sidecar.relay.redis_directory import StreamDirectory  # the redis extra
+
             self.directory = StreamDirectory(
                 settings.redis_url, self.node_id, settings.advertise_url,
                 is_origin=lambda p: not isinstance(p, PullSession),
             )
             self.observers.append(self.directory)
-        if settings.origin_url is not None or self.directory is not None:
+        lookup: Directory | None = self.directory
+        if settings.directory_url is not None:
+            lookup = HttpDirectory(settings.directory_url)  # a worker of serve --workers
+        if settings.origin_url is not None or lookup is not None:
             self.cascade = Cascade(
                 node_id=self.node_id, origin_url=settings.origin_url,
                 token=settings.origin_token, linger_s=settings.cascade_linger_s,
-                streams=self.streams, pull=self.pull, directory=self.directory,
+                streams=self.streams, pull=self.pull, directory=lookup,
             )
             self.observers.append(self.cascade)
         # Streams forwarded to WHIP endpoints (setting push_targets, and POST /api/pushes).

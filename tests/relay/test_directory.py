@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import redis
 
-from sfu_sidecar.relay.directory import PREFIX, TTL_S
+from sfu_sidecar.relay.redis_directory import PREFIX, TTL_S
 from tests.captions.test_caption_redis import RedisServer
 from tests.relay.peers import view, wait_for
 from tests.relay.test_cascade import Node, capture_errors

@@ -1,0 +1,185 @@
+"""``sfu-sidecar serve --workers 2``: one port, two relay processes, a real supervisor.
+
+A publisher lands on its stream's home worker; viewers are spread over both workers, the other
+worker pulling the stream over loopback, and every viewer's frames map to their true capture
+times. Captions ingested through the one port reach viewers on both workers. A worker killed
+is started again; the client's address reaches the workers only through the supervisor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from sfu_sidecar.sync.wire import Cue
+from sfu_sidecar.workers import home_index
+from tests.conftest import ServerProcess
+from tests.relay.peers import view, wait_for
+from tests.relay.test_cascade import capture_errors, post_cue
+from tests.sync.test_channel import _mid, collect, decoded_frames, start_publisher
+
+pytestmark = pytest.mark.timeout(150)
+
+
+@pytest.fixture
+def supervisor(tmp_path: Path) -> Iterator[ServerProcess]:
+    server = ServerProcess(["--workers", "2", "--data-dir", str(tmp_path),
+                            "--ice-addresses", "127.0.0.1", "--max-cpu-percent", "1000",
+                            "--log-level", "warning"])
+    lines: list[str] = []
+
+    def drain() -> None:
+        assert server.proc.stdout is not None
+        for line in server.proc.stdout:
+            lines.append(line.decode(errors="replace"))
+
+    threading.Thread(target=drain, daemon=True).start()
+    try:
+        server.wait_ready(30)
+        yield server
+    finally:
+        server.stop()
+
+
+async def get_json(http: aiohttp.ClientSession, url: str) -> Any:
+    async with http.get(url) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def test_viewers_spread_over_workers_with_exact_capture_times_and_captions(
+    supervisor: ServerProcess,
+) -> None:
+    base = supervisor.base
+    stream = "spread"
+    publisher, video, _ = await start_publisher(base, stream, stamp=True)
+    async with aiohttp.ClientSession() as http:
+        viewers = [await view(http, base, stream, data_channel="sync") for _ in range(4)]
+        records = [collect(v) for v in viewers]
+        try:
+            assert await publisher.joined() is not None
+            workers = (await get_json(http, f"{base}/api/workers"))["workers"]
+            home = home_index(stream, 2)
+            # Two viewers each; the home worker also serves the other worker's pull.
+            counts = {w["index"]: w["viewers"] for w in workers}
+            assert counts == {home: 3, 1 - home: 2}, workers
+            doc = await get_json(http, f"{base}/workers/{1 - home}/api/streams/{stream}")
+            assert doc["publisher"]["upstream"] == \
+                f"http://127.0.0.1:{workers[home]['port']}/whep/{stream}"
+            for viewer, rec in zip(viewers, records, strict=True):
+                frames = await decoded_frames(viewer, 40)
+                track = rec.track_for(_mid(viewer, "video"))
+                await wait_for(lambda r=rec, t=track, f=frames: r.frame(t, f[-1][1]) is not None,
+                               3, "the record of the last decoded frame")
+                # Frames queued before the viewer's sync channel opened have no records (the
+                # four viewers connect one after another); every frame from the first
+                # recorded one on must map exactly.
+                first = next(i for i, (_, ts) in enumerate(frames)
+                             if rec.frame(track, ts) is not None)
+                assert first <= 20, first
+                errors, unmapped, estimated = capture_errors(rec, viewer, video, frames[first:])
+                assert unmapped == 0 and estimated == 0, (unmapped, estimated)
+                assert max(errors) <= 1_000_000, sorted(errors)[-3:]
+
+            now = time.time_ns()
+            await post_cue(http, base, stream, "w1", now + 200_000_000, now + 900_000_000)
+            await wait_for(lambda: all(any(isinstance(c, Cue) and c.id == "w1"
+                                           for c in r.controls) for r in records),
+                           5, "the cue pushed to viewers on both workers")
+        finally:
+            for viewer in viewers:
+                await viewer.close()
+            await publisher.close()
+
+
+async def test_a_killed_worker_is_started_again(supervisor: ServerProcess) -> None:
+    base = supervisor.base
+    async with aiohttp.ClientSession() as http:
+        workers = (await get_json(http, f"{base}/api/workers"))["workers"]
+        os.kill(workers[1]["pid"], signal.SIGKILL)
+
+        async def restarted() -> bool:
+            now = (await get_json(http, f"{base}/api/workers"))["workers"][1]
+            return bool(now["alive"] and now["restarts"] == 1 and now["pid"] != workers[1]["pid"])
+
+        for _ in range(100):
+            if await restarted():
+                break
+            await asyncio.sleep(0.1)
+        assert await restarted()
+        async with http.get(f"{base}/healthz") as resp:
+            assert resp.status == 200
+        # Both workers take viewers again.
+        viewers = [await view(http, base, "after", kinds=("video",)) for _ in range(2)]
+        try:
+            counts = [w["viewers"] for w in (await get_json(http, f"{base}/api/workers"))
+                      ["workers"]]
+            home = home_index("after", 2)
+            assert counts[1 - home] == 1 and counts[home] == 2, counts  # + the sibling's pull
+        finally:
+            for viewer in viewers:
+                await viewer.close()
+
+
+def _proxy_key(pid: int) -> str:
+    environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return next(e.split(b"=", 1)[1].decode() for e in environ
+                if e.startswith(b"SFU_SIDECAR_PROXY_KEY="))
+
+
+async def test_workers_see_the_client_address_only_from_the_supervisor(
+    supervisor: ServerProcess,
+) -> None:
+    base = supervisor.base
+    async with aiohttp.ClientSession() as http:
+        worker = (await get_json(http, f"{base}/api/workers"))["workers"][0]
+        direct = f"http://127.0.0.1:{worker['port']}"
+        body = {"timebase": "house_ns", "lang": "en",
+                "cues": [{"id": "x", "start": time.time_ns(), "end": time.time_ns() + 10**9,
+                          "text": "x"}]}
+        forged = {"Sidecar-Client": "203.0.113.9"}
+        # A client cannot pose as another address: the supervisor replaces the header, and a
+        # worker ignores it without the supervisor's key.
+        async with http.post(f"{base}/api/streams/a/captions", json=body,
+                             headers=forged) as resp:
+            assert resp.status == 200, await resp.text()
+        async with http.post(f"{direct}/api/streams/a/captions", json=body,
+                             headers={**forged, "Sidecar-Proxy-Key": "wrong"}) as resp:
+            assert resp.status == 200, await resp.text()
+        # With the key, the named client is the one the rules see: ingest without a token is
+        # for this host only, and 203.0.113.9 is not it.
+        key = _proxy_key(worker["pid"])
+        async with http.post(f"{direct}/api/streams/a/captions", json=body,
+                             headers={**forged, "Sidecar-Proxy-Key": key}) as resp:
+            assert resp.status == 403, await resp.text()
+
+
+def test_workers_get_the_serve_arguments_without_workers() -> None:
+    from sfu_sidecar.cli import without_workers
+
+    assert without_workers(["--workers", "2", "--port", "80", "--workers=3", "--log-level",
+                            "info"]) == ["--port", "80", "--log-level", "info"]
+
+
+def test_workers_with_ptp_or_none_are_refused_with_a_reason() -> None:
+    from sfu_sidecar.cli import main
+
+    assert main(["serve", "--workers", "2", "--ptp-interface", "eth0"], env={}) == 2
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--workers", "0"], env={})
+    assert exited.value.code == 2
+
+
+def test_streams_have_one_home_spread_over_the_workers() -> None:
+    homes = [home_index(f"stream-{i}", 4) for i in range(400)]
+    assert homes == [home_index(f"stream-{i}", 4) for i in range(400)]
+    assert all(60 <= homes.count(w) <= 140 for w in range(4)), [homes.count(w) for w in range(4)]
