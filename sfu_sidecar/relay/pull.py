@@ -51,7 +51,6 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
-from sfu_sidecar.relay.receiver import PublisherTrack
 from sfu_sidecar.relay.session import (
     ENDED_DISCONNECTED,
     ChannelHandle,
@@ -59,7 +58,6 @@ from sfu_sidecar.relay.session import (
     StreamSlot,
     _PeerSession,
 )
-from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 from sfu_sidecar.sync.wire import (
     Batch,
     Control,
@@ -195,23 +193,7 @@ class PullSession(PublisherSource, _PeerSession):
                 raise UpstreamUnavailable(
                     f"upstream {self.upstream.whep_url} sends {m.kind} as {codec.name}, "
                     "which the relay does not forward")
-            forwarder = self.stream.forwarder(m.kind, codec)
-            track = PublisherTrack(
-                kind=m.kind,
-                mid=m.mid,
-                codec=codec,
-                rtx_payload_type=m.rtx_for(codec.payload_type),
-                forwarder=forwarder,
-                stats=ReceiveStatistics(codec.clock_rate),
-                nack=NackGenerator() if m.kind == "video" else None,
-                extensions=m.extensions,
-                rtx_ssrcs=m.rtx_ssrcs,
-            )
-            ssrcs = [s for s in m.ssrcs if s not in m.rtx_ssrcs]
-            track.media_ssrc = ssrcs[0] if ssrcs else None
-            forwarder.set_source({i: u for u, i in m.extensions.items()}, codec.name,
-                                 codec.clock_rate)
-            self.receiver.add_track(track)
+            self._add_track(m, m)  # the answer is the sender's: its SSRCs are in it
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
         self.pc.on("connectionstatechange", self._on_state)
         self._tasks.start("tick", self._tick())

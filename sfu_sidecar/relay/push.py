@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import random
 import re
 import time
 import uuid
@@ -44,7 +43,6 @@ from sfu_sidecar.exceptions import BadInput, Conflict, NotFound, Unprocessable
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
-from sfu_sidecar.relay.forwarder import OutputConfig, ViewerOutput
 from sfu_sidecar.relay.hooks import RelayObserver
 from sfu_sidecar.relay.session import (
     ENDED_DELETED,
@@ -141,7 +139,6 @@ class PushSession(ViewerSink, _PeerSession):
         except Exception as exc:  # aiortc raises assorted types for answers it cannot take
             raise PushError(f"{origin_of(self.url)} answered an unusable SDP: {exc}") from None
         self.cname = next((m.cname for m in offer.media if m.cname), self.cname)
-        seq_rng = random.SystemRandom()
         for m in answer.media:
             if m.kind not in senders:
                 continue
@@ -152,21 +149,7 @@ class PushSession(ViewerSink, _PeerSession):
                     f"{origin_of(self.url)} does not take {m.kind} as {wanted.name} "
                     f"(answered {', '.join(c.name for c in m.codecs) or 'nothing'}); the relay "
                     "never transcodes")
-            ssrc, rtx_ssrc = adapter.sender_ssrcs(senders[m.kind])
-            rtx_pt = m.rtx_for(codec.payload_type)
-            config = OutputConfig(
-                ssrc=ssrc,
-                payload_type=codec.payload_type,
-                extension_ids=m.extensions,
-                mid=m.mid,
-                rtx_payload_type=rtx_pt,
-                rtx_ssrc=rtx_ssrc if rtx_pt is not None else None,
-                clock_rate=codec.clock_rate,
-            )
-            self.outputs[m.kind] = ViewerOutput(
-                self.id, m.kind, config,
-                seq_base=seq_rng.randrange(0x8000), ts_base=seq_rng.getrandbits(32),
-            )
+            self._add_output(m, codec, senders[m.kind])
             self.stream.forwarder(m.kind, wanted)
         if not self.outputs:
             raise PushError(f"{origin_of(self.url)} accepted none of the stream's tracks")

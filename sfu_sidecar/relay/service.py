@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
@@ -31,13 +31,15 @@ from sfu_sidecar.relay.session import (
     ViewerSession,
     ViewerSink,
 )
-from sfu_sidecar.relay.streams import Streams
+from sfu_sidecar.relay.streams import Stream, Streams
 from sfu_sidecar.relay.tap import TapRequest, TapSession
 
 if TYPE_CHECKING:
     from sfu_sidecar.relay.redis_directory import StreamDirectory
 
 log = logs.get("relay")
+
+P = TypeVar("P", bound=PublisherSource)
 
 DEFAULT_HEADER_EXTENSIONS: tuple[tuple[str, str], ...] = (
     ("audio", ABS_CAPTURE_TIME),
@@ -150,45 +152,37 @@ class RelayService:
         if self.directory is not None:
             await self.directory.stop()
 
+    async def _start_publisher(self, stream: Stream, session: P, role: str,
+                               opening: Callable[[], Awaitable[object]]) -> P:
+        """``session`` takes ``stream``'s publisher slot, then opens; refused, it leaves."""
+        stream.claim_publisher(session, session.request_keyframe)
+        try:
+            await opening()
+        except BaseException:
+            await session.close(ENDED_REFUSED)
+            raise
+        self._accepted[role] += 1
+        return session
+
     async def publish(self, name: str, offer: str) -> PublisherSession:
         stream = self.streams.get_or_create(name)
         session = PublisherSession(stream, self.settings, self.now_ns, self.observers,
                                    self.channel_limiter)
-        stream.claim_publisher(session, session.request_keyframe)
-        try:
-            await session.negotiate(offer)
-        except BaseException:
-            await session.close(ENDED_REFUSED)
-            raise
-        self._accepted["publishers"] += 1
-        return session
+        return await self._start_publisher(stream, session, "publishers",
+                                           lambda: session.negotiate(offer))
 
     async def tap(self, request: TapRequest) -> TapSession:
         """A plain-RTP tap publishing ``request.stream`` (``relay/tap.py``)."""
         stream = self.streams.get_or_create(request.stream)
         session = TapSession(stream, self.settings, self.now_ns, self.observers, request)
-        stream.claim_publisher(session, session.request_keyframe)
-        try:
-            await session.open()
-        except BaseException:
-            await session.close(ENDED_REFUSED)
-            raise
-        self._accepted["taps"] += 1
-        return session
+        return await self._start_publisher(stream, session, "taps", session.open)
 
     async def pull(self, name: str, upstream: Upstream) -> PullSession:
         """``name``'s publisher, pulled over WHEP from ``upstream`` (``relay/pull.py``)."""
         stream = self.streams.get_or_create(name)
         session = PullSession(stream, self.settings, self.now_ns, self.observers, upstream,
                               self.channel_limiter)
-        stream.claim_publisher(session, session.request_keyframe)
-        try:
-            await session.open()
-        except BaseException:
-            await session.close(ENDED_REFUSED)
-            raise
-        self._accepted["pulls"] += 1
-        return session
+        return await self._start_publisher(stream, session, "pulls", session.open)
 
     def taps(self) -> list[TapSession]:
         return [s.publisher for s in self.streams.by_name.values()

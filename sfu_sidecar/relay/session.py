@@ -20,6 +20,7 @@ from aiortc import (
     RTCConfiguration,
     RTCPeerConnection,
     RTCRtpReceiver,
+    RTCRtpSender,
     RTCSessionDescription,
 )
 from aiortc.rtcconfiguration import RTCBundlePolicy
@@ -311,6 +312,29 @@ class PublisherSource(_SessionBase):
 
     # --- packet path ----------------------------------------------------------------------
 
+    def _add_track(self, m: sdpmod.MediaInfo, sender: sdpmod.MediaInfo) -> PublisherTrack:
+        """Receive the negotiated media section ``m`` as one of this stream's tracks;
+        ``sender`` is the sender's own description of it (its SSRCs and RTX SSRCs)."""
+        codec = m.primary
+        forwarder = self.stream.forwarder(m.kind, codec)
+        track = PublisherTrack(
+            kind=m.kind,
+            mid=m.mid,
+            codec=codec,
+            rtx_payload_type=m.rtx_for(codec.payload_type),
+            forwarder=forwarder,
+            stats=ReceiveStatistics(codec.clock_rate),
+            nack=NackGenerator() if m.kind == "video" else None,
+            extensions=m.extensions,
+            rtx_ssrcs=sender.rtx_ssrcs,
+        )
+        ssrcs = [s for s in sender.ssrcs if s not in sender.rtx_ssrcs]
+        track.media_ssrc = ssrcs[0] if ssrcs else None
+        forwarder.set_source({i: u for u, i in m.extensions.items()}, codec.name,
+                             codec.clock_rate)
+        self.receiver.add_track(track)
+        return track
+
     def _on_rtp(self, data: bytes, arrival_ms: int) -> None:
         self._receive_media(data, arrival_ms)
 
@@ -472,24 +496,7 @@ class PublisherSession(PublisherSource, _PeerSession):
         self.receiver.rtcp_ssrc = adapter.rtcp_ssrc(self.pc)
         self.receiver.bitrate = adapter.RemoteBitrateEstimator()
         for m_offer, m in zip(offer.media, answer.media, strict=True):
-            codec = m.primary
-            forwarder = self.stream.forwarder(m.kind, codec)
-            track = PublisherTrack(
-                kind=m.kind,
-                mid=m.mid,
-                codec=codec,
-                rtx_payload_type=m.rtx_for(codec.payload_type),
-                forwarder=forwarder,
-                stats=ReceiveStatistics(codec.clock_rate),
-                nack=NackGenerator() if m.kind == "video" else None,
-                extensions=m.extensions,
-                rtx_ssrcs=m_offer.rtx_ssrcs,
-            )
-            ssrcs = [s for s in m_offer.ssrcs if s not in m_offer.rtx_ssrcs]
-            track.media_ssrc = ssrcs[0] if ssrcs else None
-            forwarder.set_source({i: u for u, i in m.extensions.items()}, codec.name,
-                                 codec.clock_rate)
-            self.receiver.add_track(track)
+            self._add_track(m, m_offer)
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
         self.pc.on("connectionstatechange", self._on_state)
         self.pc.on("datachannel", self._on_datachannel)
@@ -540,6 +547,29 @@ class ViewerSink(_SessionBase):
         self.outputs: dict[str, ViewerOutput] = {}
         self.accepts_data_channel = False
         self.cname = "sfu-sidecar"
+
+    def _add_output(self, m: sdpmod.MediaInfo, codec: sdpmod.CodecInfo,
+                    sender: RTCRtpSender) -> ViewerOutput:
+        """Send this stream's ``m.kind`` track as ``codec`` on the negotiated section ``m``,
+        from the SSRCs of the silenced aiortc ``sender`` that holds its place in the SDP."""
+        ssrc, rtx_ssrc = adapter.sender_ssrcs(sender)
+        rtx_pt = m.rtx_for(codec.payload_type)
+        config = OutputConfig(
+            ssrc=ssrc,
+            payload_type=codec.payload_type,
+            extension_ids=m.extensions,
+            mid=m.mid,
+            rtx_payload_type=rtx_pt,
+            rtx_ssrc=rtx_ssrc if rtx_pt is not None else None,
+            clock_rate=codec.clock_rate,
+        )
+        # Random starting points (RFC 3550 §5.1), below 2^15 like aiortc's own senders to keep
+        # early SRTP rollover guesses simple.
+        rng = random.SystemRandom()
+        output = ViewerOutput(self.id, m.kind, config, seq_base=rng.randrange(0x8000),
+                              ts_base=rng.getrandbits(32))
+        self.outputs[m.kind] = output
+        return output
 
     def _start_outputs(self) -> None:
         """The outputs can send: join the forwarders, start sender reports, tell observers."""
@@ -736,27 +766,9 @@ class ViewerSession(ViewerSink, _PeerSession):
         await self.pc.setLocalDescription(await self.pc.createAnswer())
         answer_text = str(self.pc.localDescription.sdp)
         answer = sdpmod.parse(answer_text, what="answer")
-        seq_rng = random.SystemRandom()
         for m in answer.media:
-            ssrc, rtx_ssrc = adapter.sender_ssrcs(senders[m.kind])
-            codec = m.primary
-            rtx_pt = m.rtx_for(codec.payload_type)
             self.cname = m.cname or self.cname
-            config = OutputConfig(
-                ssrc=ssrc,
-                payload_type=codec.payload_type,
-                extension_ids=m.extensions,
-                mid=m.mid,
-                rtx_payload_type=rtx_pt,
-                rtx_ssrc=rtx_ssrc if rtx_pt is not None else None,
-                clock_rate=codec.clock_rate,
-            )
-            # Random starting points (RFC 3550 §5.1), below 2^15 like aiortc's own senders to
-            # keep early SRTP rollover guesses simple.
-            self.outputs[m.kind] = ViewerOutput(
-                self.id, m.kind, config,
-                seq_base=seq_rng.randrange(0x8000), ts_base=seq_rng.getrandbits(32),
-            )
+            self._add_output(m, m.primary, senders[m.kind])
             self.stream.forwarder(m.kind, codecs[m.kind])
         clock_lines = self.media_clock(0) if self.media_clock is not None else []
         if clock_lines:
