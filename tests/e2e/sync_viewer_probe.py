@@ -70,22 +70,34 @@ RECORD_JS = """
 class Service(LoopThread):
     """The app and the synthetic publisher on their own event loop."""
 
-    def __init__(self) -> None:
+    def __init__(self, cascade: bool = False) -> None:
         super().__init__()
-        self.port = free_port()
+        self.port = free_port()  # where the page is served and views
+        # With ``cascade`` the publisher and the captions go to an origin, and the page views
+        # on an edge (origin_url) that pulls the stream from it.
+        self.origin_port = free_port() if cascade else self.port
         self.video: FlashVideoTrack | None = None
         self.joined: Any = None
+        self.runners: list[web.AppRunner] = []
+
+    async def _app(self, port: int, **extra: str) -> None:
+        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")
+        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": data_dir,
+                                  **extra})
+        runner = web.AppRunner(build_app(settings))
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
+        self.runners.append(runner)
 
     async def _start(self) -> None:
-        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": data_dir})
-        self.runner = web.AppRunner(build_app(settings))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        await self._app(self.origin_port)
+        if self.origin_port != self.port:
+            await self._app(self.port, origin_url=f"http://127.0.0.1:{self.origin_port}")
         timeline = Timeline.starting_now(time.time_ns)
         self.video = FlashVideoTrack(timeline)
         self.session = await publish(
-            f"http://127.0.0.1:{self.port}/whip/e2e", [BeepAudioTrack(timeline), self.video],
+            f"http://127.0.0.1:{self.origin_port}/whip/e2e",
+            [BeepAudioTrack(timeline), self.video],
             capture_start_ns=timeline.start_house_ns, ice_addresses=("127.0.0.1",),
         )
         self.joined = await self.session.joined()
@@ -96,18 +108,19 @@ class Service(LoopThread):
         body = {"timebase": "house_ns", "lang": "en",
                 "cues": [{"id": "probe", "start": start_ns, "end": end_ns, "text": text}]}
         async with aiohttp.ClientSession() as http, http.post(
-            f"http://127.0.0.1:{self.port}/api/streams/e2e/captions", json=body
+            f"http://127.0.0.1:{self.origin_port}/api/streams/e2e/captions", json=body
         ) as resp:
             return resp.status
 
     async def _stop(self) -> None:
         await self.session.close()
-        await self.runner.cleanup()
+        for runner in reversed(self.runners):
+            await runner.cleanup()
 
 
 
 def main() -> None:
-    service = Service()
+    service = Service(cascade="--cascade" in sys.argv)
     service.thread.start()
     if not service.ready.wait(20):
         raise SystemExit("service did not start")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -24,13 +25,29 @@ NTP_EPOCH_UNIX_MS = 2_208_988_800_000  # 1900-01-01 to 1970-01-01
 
 
 def test_presented_frames_map_to_their_true_capture_time() -> None:
-    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.sync_viewer_probe"
+    check_viewer_page(run_probe())
+
+
+@pytest.mark.timeout(150)
+def test_on_an_edge_frames_and_captions_keep_the_origins_capture_times() -> None:
+    # The publisher and the cue go to the origin; the page views on an edge that pulls the
+    # stream over WHEP (origin_url): the same exactness, one hop away.
+    check_viewer_page(run_probe("--cascade"))
+
+
+def run_probe(*args: str) -> dict[str, Any]:
+    script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.sync_viewer_probe "
+              + " ".join(args))
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", script],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def check_viewer_page(result: dict[str, Any]) -> None:
     assert result["joined"], "the publisher did not join the house clock"
     frames = result["frames"]
     truth = {int(n): ns for n, ns in result["capture_log"].items()}

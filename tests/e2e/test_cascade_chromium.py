@@ -1,0 +1,84 @@
+"""Push into, and pull from, Chromium's WebRTC stack (tests/e2e/cascade_chromium_probe.py).
+
+Push: Chromium as the WHIP endpoint a stream is forwarded to. Each presented frame's
+abs-capture-time, as Chromium reports it, is the frame's true capture time (to Chromium's whole
+milliseconds): the relay writes house time into the pushed packets. The push's DELETE reaches
+the endpoint.
+
+Pull: Chromium as a WHEP server that is not a sidecar (no house clock to join). The edge serves
+its camera to an aiortc viewer and says honestly where its capture times come from: estimated,
+from what Chromium sends.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.netns, pytest.mark.timeout(150)]
+
+NTP_EPOCH_UNIX_MS = 2_208_988_800_000  # 1900-01-01 to 1970-01-01
+
+
+def run_probe(mode: str) -> dict[str, Any]:
+    script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.cascade_chromium_probe "
+              f"{mode}")
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+def test_push_to_chromium_carries_capture_times_in_house_time() -> None:
+    result = run_probe("push")
+    assert result["create"] == 201, result
+    assert result["offer_has_abs_capture_time"]
+    push = result["push"]
+    assert push["state"] == "connected" and push["attempts"] == 1, push
+    # Chromium is no sidecar: it never answers the clock join, and the push says so.
+    assert push["session"]["clock"] is None, push
+    assert result["stats"]["channel"] == "sync"
+    truth = {int(n): ns for n, ns in result["capture_log"].items()}
+    frames = result["frames"]
+    assert len(frames) >= 60, len(frames)
+    errors = []
+    for f in frames:
+        assert f["n"] in truth, f"frame number {f['n']} read off the pixels is unknown"
+        # The synchronization source describes the last frame received; it speaks for the
+        # presented one when their RTP timestamps agree.
+        if f["captureTimestamp"] is not None and f["srcRtp"] == f["rtp"]:
+            unix_ms = f["captureTimestamp"] - NTP_EPOCH_UNIX_MS
+            errors.append(abs(unix_ms * 1e6 - truth[f["n"]]))
+    assert len(errors) >= 20, (len(errors), len(frames))
+    errors.sort()
+    print(f"\npush to Chromium: {len(frames)} frames, abs-capture-time error median "
+          f"{errors[len(errors) // 2] / 1e6:.2f} ms, max {errors[-1] / 1e6:.2f} ms over "
+          f"{len(errors)}")
+    assert errors[-1] <= 1_000_001, errors[-5:]  # Chromium reports whole milliseconds
+    assert result["delete"] == 200
+    assert result["bridge_deletes"] == 1
+
+
+def test_pull_from_a_chromium_whep_server_maps_what_it_sends() -> None:
+    result = run_probe("pull")
+    assert result["offer"]
+    assert result["frames"] == 30 and result["sizes"] == [[320, 240]], result
+    publisher = result["publisher"]
+    assert publisher["upstream"].endswith("/whep/cam")
+    assert publisher["clock"] is None  # nothing to join: not a sidecar
+    assert result["stats"]["out_video"] > 0
+    video = [a for a in result["anchors"] if not a["audio"]]
+    assert video and all(a["estimated"] for a in video), result["anchors"]
+    assert result["records"] >= 25
+    tracks = result["sync"][0]["tracks"]
+    assert tracks["video"]["estimated"] is True, tracks
+    assert tracks["video"]["source"] in ("abs_capture_time", "sender_report", "arrival"), tracks
+    print(f"\npull from Chromium: video capture times from {tracks['video']['source']}, "
+          "flagged estimated")
