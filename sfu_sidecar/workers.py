@@ -297,6 +297,8 @@ class Supervisor:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         try:
             return await self._handle(request)
+        except web.HTTPException as exc:  # aiohttp's own refusals, e.g. a body over the limit
+            return _json(exc.status, exc.reason, {})
         except Exception:  # a fault of the supervisor itself: logged, answered, not a 500 page
             log.exception("supervisor failed on %s %s", request.method, request.path)
             return _json(502, "the supervisor could not forward this request", {})

@@ -183,3 +183,18 @@ def test_streams_have_one_home_spread_over_the_workers() -> None:
     homes = [home_index(f"stream-{i}", 4) for i in range(400)]
     assert homes == [home_index(f"stream-{i}", 4) for i in range(400)]
     assert all(60 <= homes.count(w) <= 140 for w in range(4)), [homes.count(w) for w in range(4)]
+
+
+async def test_the_supervisor_refuses_what_a_worker_would(supervisor: ServerProcess) -> None:
+    base = supervisor.base
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{base}/whep/x", data=b"v" * 300_000,
+                             headers={"Content-Type": "application/sdp"}) as resp:
+            assert resp.status == 413, await resp.text()
+        async with http.delete(f"{base}/whep/x/{'0' * 32}") as resp:
+            assert resp.status == 404 and "no resource" in await resp.text()
+        async with http.get(f"{base}/workers/7/healthz") as resp:
+            assert resp.status == 404
+        async with http.post(f"{base}/whep/x", data="v=0",
+                             headers={"Content-Type": "application/sdp"}) as resp:
+            assert resp.status == 400  # the worker's own reason, passed on
