@@ -11,7 +11,8 @@ under ``worker-<i>``), and forwards every request to one of them:
   for a stream whose home is another pulls it from there over loopback, as an edge pulls from
   its origin (``relay/pull.py``): capture times, epoch and captions carry over exactly. The
   workers find a stream's home through the supervisor's directory endpoint (setting
-  ``directory_url``, on a loopback port of its own).
+  ``directory_url``, on a loopback port of its own). With ``origin_url`` set (the machine is an
+  edge), the home worker pulls the stream from there, and its siblings from it.
 - A session's later requests (trickle ``PATCH``, ``DELETE``) and a tap's, feed's or push's go
   to the worker that made it (learned from the ``Location`` of its ``201``).
 - ``/healthz`` answers for the whole (``503`` while a worker is down), ``/api/workers`` lists
@@ -112,7 +113,9 @@ class Supervisor:
             "--host", "127.0.0.1", "--port", str(worker.port),
             "--data-dir", str(worker.data_dir), "--node-id", worker.node_id,
             "--directory-url", f"http://127.0.0.1:{self.directory_port}",
-            "--origin-url", "", "--advertise-url", "",
+            # Streams are found through the supervisor, not listed in Redis one by one; a
+            # stream's home worker pulls from origin_url when it has no publisher itself.
+            "--advertise-url", "",
         ]
 
     async def _spawn(self, worker: Worker) -> None:

@@ -63,8 +63,10 @@ async def test_viewers_spread_over_workers_with_exact_capture_times_and_captions
     stream = "spread"
     publisher, video, _ = await start_publisher(base, stream, stamp=True)
     async with aiohttp.ClientSession() as http:
-        viewers = [await view(http, base, stream, data_channel="sync") for _ in range(4)]
-        records = [collect(v) for v in viewers]
+        viewers, records = [], []
+        for _ in range(4):  # each channel's handler attached before its first message
+            viewers.append(await view(http, base, stream, data_channel="sync"))
+            records.append(collect(viewers[-1]))
         try:
             assert await publisher.joined() is not None
             workers = (await get_json(http, f"{base}/api/workers"))["workers"]
@@ -80,11 +82,12 @@ async def test_viewers_spread_over_workers_with_exact_capture_times_and_captions
                 track = rec.track_for(_mid(viewer, "video"))
                 await wait_for(lambda r=rec, t=track, f=frames: r.frame(t, f[-1][1]) is not None,
                                3, "the record of the last decoded frame")
-                # Frames queued before the viewer's sync channel opened have no records (the
-                # four viewers connect one after another); every frame from the first
-                # recorded one on must map exactly.
+                # Frames queued before the viewer's sync channel opened have no records, and
+                # those before the publisher's clock join landed are flagged estimated (the
+                # four viewers connect one after another, the first decoding from the start);
+                # every frame from the first exact one on must map exactly.
                 first = next(i for i, (_, ts) in enumerate(frames)
-                             if rec.frame(track, ts) is not None)
+                             if (found := rec.frame(track, ts)) is not None and not found[2])
                 assert first <= 20, first
                 errors, unmapped, estimated = capture_errors(rec, viewer, video, frames[first:])
                 assert unmapped == 0 and estimated == 0, (unmapped, estimated)
@@ -198,3 +201,43 @@ async def test_the_supervisor_refuses_what_a_worker_would(supervisor: ServerProc
         async with http.post(f"{base}/whep/x", data="v=0",
                              headers={"Content-Type": "application/sdp"}) as resp:
             assert resp.status == 400  # the worker's own reason, passed on
+
+
+async def test_workers_as_an_edge_pull_through_their_home_worker(tmp_path: Path) -> None:
+    from tests.relay.test_cascade import Node
+
+    origin = Node(tmp_path / "origin", node_id="origin")
+    origin.start()
+    edge = ServerProcess(["--workers", "2", "--data-dir", str(tmp_path / "edge"),
+                          "--ice-addresses", "127.0.0.1", "--max-cpu-percent", "1000",
+                          "--origin-url", origin.base, "--log-level", "warning"])
+    publisher = None
+    try:
+        edge.wait_ready(30)
+        publisher, video, _ = await start_publisher(origin.base, "far", stamp=True)
+        async with aiohttp.ClientSession() as http:
+            viewers, all_records = [], []
+            for _ in range(2):
+                viewers.append(await view(http, edge.base, "far", data_channel="sync"))
+                all_records.append(collect(viewers[-1]))
+            try:
+                for viewer, records in zip(viewers, all_records, strict=True):
+                    frames = await decoded_frames(viewer, 40)
+                    track = records.track_for(_mid(viewer, "video"))
+                    await wait_for(lambda r=records, t=track, f=frames:
+                                   r.frame(t, f[-1][1]) is not None, 3, "records")
+                    mapped = [(n, ts) for n, ts in frames if records.frame(track, ts)]
+                    errors, _, estimated = capture_errors(records, viewer, video, mapped)
+                    assert len(errors) >= 20 and estimated == 0, (len(errors), estimated)
+                    assert max(errors) <= 1_000_000, sorted(errors)[-3:]
+                home = home_index("far", 2)
+                doc = await get_json(http, f"{edge.base}/workers/{home}/api/streams/far")
+                assert doc["publisher"]["upstream"] == f"{origin.base}/whep/far"
+            finally:
+                for viewer in viewers:
+                    await viewer.close()
+    finally:
+        if publisher is not None:
+            await publisher.close()
+        edge.stop()
+        origin.stop()
