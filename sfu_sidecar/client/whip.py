@@ -23,16 +23,12 @@ from aiortc.rtcdatachannel import RTCDataChannel
 
 from sfu_sidecar import logs
 from sfu_sidecar.client.capture_stamp import CaptureStamper
-from sfu_sidecar.clock import exchange
 from sfu_sidecar.exceptions import RemoteError
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
+from sfu_sidecar.sync.channel_join import join_over_channel
 from sfu_sidecar.sync.wire import (
     ClockReport,
-    ClockResp,
-    ControlMessage,
-    SyncWireError,
-    parse_message,
 )
 
 log = logs.get("client.whip")
@@ -40,10 +36,6 @@ log = logs.get("client.whip")
 CLOCK_RATES = {"audio": 48000, "video": 90000}  # Opus and every video codec we forward
 # Eight rounds 20 ms apart: the minimum-RTT sample of eight is close to the floor on any
 # sane path, and the join is done a fraction of a second after the channel opens.
-JOIN_ROUNDS = 8
-JOIN_SPACING_S = 0.02
-REPLY_TIMEOUT_S = 0.5
-OPEN_TIMEOUT_S = 10.0
 
 
 @dataclass
@@ -85,45 +77,6 @@ def extension_id(sdp: str, uri: str) -> int | None:
     """The id an SDP gives a header extension (``a=extmap:<id>[/dir] <uri>``)."""
     match = re.search(rf"^a=extmap:(\d+)(?:/\w+)? {re.escape(uri)}\s*$", sdp, re.M)
     return int(match.group(1)) if match else None
-
-
-async def join_over_channel(
-    channel: RTCDataChannel, clock_ns: Callable[[], int]
-) -> ClockReport | None:
-    """Join the far side's house clock over a ``sync`` DataChannel with ``clock_ns`` as this
-    side's clock: the four-timestamp exchange (proto/clock.md), then the ClockReport sent to
-    it. The report, or None when no reply came (the peer is no sidecar); TimeoutError when
-    the channel does not open within OPEN_TIMEOUT_S."""
-    join = exchange.ClockJoin()
-    replies: asyncio.Queue[tuple[ClockResp, int]] = asyncio.Queue()
-
-    def on_message(data: bytes | str) -> None:
-        t4 = clock_ns()
-        try:
-            message = parse_message(data.encode() if isinstance(data, str) else data)
-        except SyncWireError:
-            return
-        if isinstance(message, ControlMessage) and isinstance(message.message, ClockResp):
-            replies.put_nowait((message.message, t4))
-
-    channel.on("message", on_message)
-    if channel.readyState != "open":
-        opened = asyncio.Event()
-        channel.on("open", opened.set)
-        await asyncio.wait_for(opened.wait(), OPEN_TIMEOUT_S)
-    for _ in range(JOIN_ROUNDS):
-        channel.send(ControlMessage(join.request(clock_ns())).serialize())
-        try:
-            resp, t4 = await asyncio.wait_for(replies.get(), REPLY_TIMEOUT_S)
-        except TimeoutError:
-            continue
-        join.response(resp, t4)
-        await asyncio.sleep(JOIN_SPACING_S)
-    channel.remove_listener("message", on_message)
-    report = join.report()
-    if report is not None:
-        channel.send(ControlMessage(report).serialize())
-    return report
 
 
 async def _join_clock(

@@ -37,7 +37,6 @@ from aiortc import RTCSessionDescription
 from aiortc.rtcdatachannel import RTCDataChannel
 
 from sfu_sidecar import logs
-from sfu_sidecar.client.whip import join_over_channel
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, Conflict, NotFound, Unprocessable
 from sfu_sidecar.relay import aiortc_adapter as adapter
@@ -57,6 +56,7 @@ from sfu_sidecar.relay.session import (
 )
 from sfu_sidecar.relay.streams import Streams
 from sfu_sidecar.relay.tap import check_keys, check_stream
+from sfu_sidecar.sync.channel_join import join_over_channel
 from sfu_sidecar.sync.wire import ClockReport
 from sfu_sidecar.tasks import Tasks
 
