@@ -70,7 +70,6 @@ class Cascade(RelayObserver):
         self._pull = pull
         self._pending: dict[str, asyncio.Future[PullSession | None]] = {}
         self._tasks = Tasks("cascade", log)
-        self.retries = 0
 
     async def upstream(self, stream: str, via: tuple[str, ...]) -> Upstream | None:
         """Where ``stream`` comes from: the node the directory names as its origin, else
@@ -147,7 +146,6 @@ class Cascade(RelayObserver):
                 return
             if found.publisher is not None and not found.publisher.closed.is_set():
                 return
-            self.retries += 1
             try:
                 await self.ensure(stream, via)
             except Exception as exc:

@@ -59,7 +59,6 @@ class StreamDirectory(RelayObserver):
         self._release = self._redis.register_script(_RELEASE)
         self.owned: set[str] = set()
         self._tasks = Tasks("directory", log)
-        self.errors = 0
         self._failing = False
 
     def _value(self) -> str:
@@ -125,7 +124,6 @@ class StreamDirectory(RelayObserver):
                 await self._list(stream)
 
     def _failed(self, what: str, exc: BaseException) -> None:
-        self.errors += 1
         if not self._failing:  # one line per outage, not one per heartbeat
             log.warning("stream directory: %s failed (%s: %s); retrying", what,
                         type(exc).__name__, exc)
