@@ -53,6 +53,10 @@ READ_BLOCK_MS = 1000
 # changes in log order (a feed cursor never skips an earlier seq another node wrote).
 CATCH_UP_S = 0.5
 RETRY_DELAYS_S = (0.2, 0.5, 1.0, 2.0)
+# What the client raises while Redis is out of reach. OSError: a socket it did not wrap;
+# RuntimeError: uvloop refusing a write to a transport closed under the client (Redis dropped
+# the connection while a command was being sent).
+UNREACHABLE = (RedisError, OSError, RuntimeError)
 
 # Epochs travel as strings: Lua numbers are doubles and house nanoseconds exceed 2**53.
 _WRITE = """
@@ -239,7 +243,7 @@ class RedisCueStore:
         try:
             body = json.dumps(request, ensure_ascii=False)
             reply = json.loads(await self._write_script(args=[PREFIX, body, LOG_MAXLEN]))
-        except (RedisError, OSError) as exc:  # OSError: a socket the client did not wrap
+        except UNREACHABLE as exc:
             raise StorageUnavailable(
                 f"caption storage (Redis at {self.where}) cannot write now ({exc}); nothing "
                 "from this request was acknowledged, earlier acknowledged cues are kept; "
@@ -275,7 +279,7 @@ class RedisCueStore:
             body: str | None = await self._redis.hget(  # type: ignore[misc]
                 f"{PREFIX}chunks:{stream}", f"{lang}\x1f{n}"
             )
-        except (RedisError, OSError):
+        except UNREACHABLE:
             # Without Redis the chunk is rendered from memory; storing it then fails with the
             # 503 the write path gives.
             return None
@@ -310,7 +314,7 @@ class RedisCueStore:
                         await self._passed_to(_entry_id(entry_id))
             except asyncio.CancelledError:
                 raise
-            except (RedisError, OSError) as exc:
+            except UNREACHABLE as exc:
                 if self.connected:
                     log.warning("caption store: lost Redis at %s: %s", self.where, exc)
             except Exception:
@@ -357,5 +361,5 @@ class RedisCueStore:
                 await self._reader
             self._reader = None
         for client in (self._redis, self._reader_redis):
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*UNREACHABLE):
                 await client.aclose()

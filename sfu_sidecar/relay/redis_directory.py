@@ -23,9 +23,9 @@ import json
 from collections.abc import Callable
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
 
 from sfu_sidecar import logs
+from sfu_sidecar.captions.redis_store import UNREACHABLE
 from sfu_sidecar.relay.hooks import PublisherHandle, RelayObserver
 from sfu_sidecar.tasks import Tasks
 
@@ -79,7 +79,7 @@ class StreamDirectory(RelayObserver):
         """(node id, base URL) of ``stream``'s origin, or None (unknown, or Redis away)."""
         try:
             raw = await self._redis.get(PREFIX + stream)
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             self._failed("lookup", exc)
             return None
         if raw is None:
@@ -108,13 +108,13 @@ class StreamDirectory(RelayObserver):
         try:
             await self._redis.set(PREFIX + stream, self._value(), px=int(TTL_S * 1000))
             self._recovered()
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             self._failed(f"listing {stream}", exc)
 
     async def _unlist(self, stream: str) -> None:
         try:
             await self._release(keys=[PREFIX + stream], args=[self.node_id])
-        except (RedisError, OSError) as exc:
+        except UNREACHABLE as exc:
             self._failed(f"unlisting {stream} (it expires in {TTL_S:.0f} s)", exc)
 
     async def _heartbeat(self) -> None:
