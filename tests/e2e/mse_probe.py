@@ -53,6 +53,7 @@ RECORD_JS = """
     const n = window.readFrameNumber(video);
     if (n === null) return;
     window.probeFrames.push({n, frameS: record.frameS, mediaTime: record.mediaTime,
+                             currentTime: record.currentTime,
                              cues: record.cues, resyncs: player.stats.resyncs,
                              wall: Date.now()});
   }];

@@ -179,16 +179,20 @@ def check_captions(result: dict[str, Any], codec: str, *, before_s: float,
     to ``before_s`` and from ``after_s`` (a break or a resync) on."""
     epoch = result["epoch_ns"]
     frames = result["frames"]
-    # Each cue first shows on the first frame captured in its interval. Only cues that start
-    # while frames are being captured count (not in a gap, not before playback). A frame's
-    # capture time here is its stream time on the player's timeline (its media time less the
-    # player's shift), which the callers check against the true capture times.
+    # Each cue first shows on the first presented frame captured in its interval. Only cues
+    # that start while frames are being captured count (not in a gap, not before playback). A
+    # frame's capture time here is its stream time on the player's timeline (its media time
+    # less the player's shift), which the callers check against the true capture times. The
+    # error printed is the first frame showing the cue less the cue's start, so it includes the
+    # frame interval and any frame the browser dropped there (a loaded machine drops some); what
+    # is asserted is that no presented frame in the cue's interval went without it before that.
     cues = {c["id"]: c for c in result["cues"]}
     first_shown: dict[str, dict[str, Any]] = {}
     for f in frames:
         for cid in f["cues"]:
             first_shown.setdefault(cid, f)
     timing = []
+    missed = []
     for cid, cue in cues.items():
         cue_s = (cue["start"] - epoch) / 1e9
         in_gap = before_s < cue_s <= after_s
@@ -196,12 +200,16 @@ def check_captions(result: dict[str, Any], codec: str, *, before_s: float,
                 or cue_s > frames[-1]["frameS"] - FRAME_S:
             continue
         assert cid in first_shown, f"{cid} at {cue_s:.3f} s never shown"
-        timing.append(first_shown[cid]["frameS"] - cue_s)
+        shown_s = first_shown[cid]["frameS"]
+        timing.append(shown_s - cue_s)
+        missed.append(sum(1 for f in frames if cue_s + PTS_ROUNDING_S <= f["frameS"] < shown_s))
     assert len(timing) >= 4, timing
     worst = p95([abs(t) for t in timing])
     print(f"{codec}: caption error over {len(timing)} cues: p95 |error| {worst * 1e3:.1f} ms, "
-          f"all {[round(t * 1e3, 1) for t in timing]} ms")
-    assert worst <= FRAME_S + PTS_ROUNDING_S
+          f"all {[round(t * 1e3, 1) for t in timing]} ms; presented frames in a cue's interval "
+          f"before it showed: {missed}")
+    assert all(t >= -(FRAME_S + PTS_ROUNDING_S) for t in timing), timing  # never early
+    assert p95(missed) == 0, (missed, timing)
 
     # Away from cue boundaries every frame shows exactly the cues captured in its interval;
     # after the break that holds again within 200 ms of media time. Near a boundary the browser

@@ -20,6 +20,7 @@ from tests.conftest import ROOT
 pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
 TOLERANCE_NS = 1_000_000
+CLOCK_BOUND_LIMIT_NS = 20_000_000
 CUE_TEXT = "caption on capture time"
 NTP_EPOCH_UNIX_MS = 2_208_988_800_000  # 1900-01-01 to 1970-01-01
 
@@ -83,9 +84,13 @@ def check_viewer_page(result: dict[str, Any]) -> None:
     assert telemetry is not None and telemetry["stream"] == "e2e"
     assert telemetry["presented"] >= len(frames) * 0.9
     assert telemetry["mapped"] >= telemetry["presented"] * 0.95
-    # ... and joined the house clock over it (same host clock: the offset is about zero).
+    # ... and joined the house clock over it. Page and relay read the same host clock, so the
+    # true offset is zero: the reported bound must contain it. The bound is half the best round
+    # trip of the join, a few milliseconds on a loaded machine, so it is held to a sane size too.
     report = viewer["clock_report"]
-    assert report is not None and abs(report["offset_ns"]) <= TOLERANCE_NS, report
+    assert report is not None, viewer
+    assert abs(report["offset_ns"]) <= report["error_ns"], report
+    assert report["error_ns"] <= CLOCK_BOUND_LIMIT_NS, report
     print(f"sync traffic to the page: {viewer['messages_per_s']} messages/s, "
           f"{viewer['bytes_per_s']} bytes/s")
 

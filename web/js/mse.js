@@ -332,11 +332,11 @@ export class MsePlayer {
   onFrame(now, meta) {
     if (this.stopped) return;
     const frameS = meta.mediaTime - this.shift;
-    // Placed against currentTime as read now, which the browser's cue timing follows (placed
-    // against the frame's media time instead, cues showed a frame later, measured); right
-    // after a seek currentTime can still read the old position, then the frame's time serves.
-    const current = this.video.currentTime;
-    const t = Math.abs(current - meta.mediaTime) < 0.1 ? current : meta.mediaTime;
+    // Placed against currentTime as read now: the browser decides which cues are active from
+    // it, at once when a cue moves (and placed against the frame's media time instead, cues
+    // showed a frame later, measured). Placed against anything else, a cue can stay active past
+    // its end for as long as currentTime trails that time.
+    const t = this.video.currentTime;
     const shown = [];
     for (const entry of this.tracks.values()) {
       entry.placer.place(frameS, t);
@@ -344,7 +344,7 @@ export class MsePlayer {
       if (entry.track.mode === "showing") shown.push(...entry.placer.active(entry.cues.cues));
     }
     this.stats.frame(frameS, shown);
-    this.lastFrame = { frameS, mediaTime: meta.mediaTime, cues: shown.map((c) => c.id) };
+    this.lastFrame = { frameS, mediaTime: meta.mediaTime, currentTime: t, cues: shown.map((c) => c.id) };
     for (const listener of this.frameListeners) listener(this.lastFrame, meta);
     this.video.requestVideoFrameCallback((n, m) => this.onFrame(n, m));
   }
