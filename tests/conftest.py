@@ -19,6 +19,14 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # One browser at a time on this machine (2 cores): every browser user takes this lock.
 BROWSER_LOCK = Path("/tmp/sfu-sidecar-browser.lock")
+# simple-whip-server, a WHIP server on Janus: Debian's package installed, or unpacked into
+# .cache by scripts/test where the package cannot be installed (it depends on Debian's nodejs,
+# which conflicts with NodeSource's); its node modules are pinned in package.json.
+SIMPLE_WHIP_SERVER = next(
+    (p for p in (ROOT / ".cache/simple-whip-server/usr/share/simple-whip-server/src/server.js",
+                 Path("/usr/share/simple-whip-server/src/server.js")) if p.exists()),
+    ROOT / ".cache/simple-whip-server/usr/share/simple-whip-server/src/server.js",
+)
 
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -43,7 +51,8 @@ TOOL_PACKAGES = {
     "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
     "promtool": "prometheus", "nsenter": "util-linux", "findmnt": "util-linux",
     "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs", "janus": "janus",
-    "turnserver": "coturn", "redis-server": "redis-server",
+    "turnserver": "coturn", "redis-server": "redis-server", "server.js": "simple-whip-server",
+    "whip-client": "simple-whip-client",
 }
 NOT_RUN = "NOT RUN: "
 

@@ -36,6 +36,7 @@ from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutput
 from sfu_sidecar.relay.hooks import (
+    ABS_CAPTURE_TIME,
     PacketInfo,
     RelayObserver,
 )
@@ -687,6 +688,10 @@ class ViewerSink(_SessionBase):
                     "kind": o.kind,
                     "ssrc": o.config.ssrc,
                     "payload_type": o.config.payload_type,
+                    # Whether the far end negotiated abs-capture-time: without it, its only
+                    # timing is the sender reports (a WHIP server that is an SFU may rewrite
+                    # those for its own viewers).
+                    "abs_capture_time": ABS_CAPTURE_TIME in o.config.extension_ids,
                     "started": o.started,
                     "packets_sent": o.packets_sent,
                     "nacks_received": o.nacks_received,

@@ -262,6 +262,9 @@ async def test_status_api_and_metrics_describe_streams(relay: Relay) -> None:
         assert viewer["state"] == "connected"
         assert viewer["tracks"][0]["packets_sent"] > 0
         assert {"nacks_received", "retransmitted", "plis_forwarded"} <= set(viewer["tracks"][0])
+        # The adapter registers abs-capture-time with aiortc, so this viewer negotiated it (a
+        # far end that does not is shown as False: tests/relay/test_push_whip_server.py).
+        assert viewer["tracks"][0]["abs_capture_time"] is True
         # Garbage that got past SRTP (a buggy peer) is counted, never raised.
         session = relay.service.streams.get("st").publisher
         assert session is not None
