@@ -52,7 +52,6 @@ TOOL_PACKAGES = {
     "promtool": "prometheus", "nsenter": "util-linux", "findmnt": "util-linux",
     "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs", "janus": "janus",
     "turnserver": "coturn", "redis-server": "redis-server", "server.js": "simple-whip-server",
-    "whip-client": "simple-whip-client",
 }
 NOT_RUN = "NOT RUN: "
 

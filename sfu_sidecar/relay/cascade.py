@@ -4,8 +4,10 @@ A viewer asking for a stream this node has no publisher for starts a pull (``rel
 from the stream's origin as the stream directory names it (``relay/directory.py``, with Redis),
 else from the upstream named by ``origin_url``, and the viewer's answer waits for the pull's: the
 stream's codecs are then the upstream's, so the viewer negotiates what will arrive. Every later
-viewer rides the same pull. A pull that fails while viewers remain (the upstream restarted, a
-network break) is tried again with backoff; one left without viewers ends after
+viewer rides the same pull. Other readers of a stream hold a pull as viewers do: the live
+segments (MSE and HLS players on an edge) start one with their first request and keep it while
+they are read (``add_interest``). A pull that fails while it is wanted (the upstream restarted,
+a network break) is tried again with backoff; one no longer wanted ends after
 ``cascade_linger_s``, so a viewer that reloads the page finds it still running.
 
 Loops are refused, not broken: every pull request names the nodes it passed (``Sidecar-Via``),
@@ -33,7 +35,8 @@ log = logs.get("relay.cascade")
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 8.0
 WATCH_S = 1.0  # how often streams with viewers and no publisher are looked up
-ENDED_IDLE = "idle"  # a pull with no viewers left, ended after cascade_linger_s
+SWEEP_S = 1.0  # how often pulls are checked for being still wanted
+ENDED_IDLE = "idle"  # a pull no viewer or reader wanted, ended after cascade_linger_s
 
 Pull = Callable[[str, Upstream], Awaitable[PullSession]]
 
@@ -69,7 +72,20 @@ class Cascade(RelayObserver):
         self.streams = streams
         self._pull = pull
         self._pending: dict[str, asyncio.Future[PullSession | None]] = {}
+        self._interest: list[Callable[[str], bool]] = []
+        self._lingering: set[str] = set()
         self._tasks = Tasks("cascade", log)
+
+    def add_interest(self, wants: Callable[[str], bool]) -> None:
+        """A reader of streams other than the relay's viewers (the live segments): a pull is
+        kept while ``wants(stream)`` is true, as it is while the stream has viewers."""
+        self._interest.append(wants)
+
+    def wanted(self, stream: str) -> bool:
+        found = self.streams.by_name.get(stream)
+        if found is not None and found.viewers:
+            return True
+        return any(wants(stream) for wants in self._interest)
 
     async def upstream(self, stream: str, via: tuple[str, ...]) -> Upstream | None:
         """Where ``stream`` comes from: the node the directory names as its origin, else
@@ -130,11 +146,17 @@ class Cascade(RelayObserver):
             self._tasks.start(f"retry-{stream}", self._retry(stream, publisher.upstream.via))
 
     def viewer_closed(self, viewer: ViewerHandle) -> None:
-        found = self.streams.by_name.get(viewer.stream_name)
-        if found is None or found.viewers or not isinstance(found.publisher, PullSession):
+        self._linger_if_unwanted(viewer.stream_name)
+
+    def _linger_if_unwanted(self, stream: str) -> None:
+        found = self.streams.by_name.get(stream)
+        if (found is None or not isinstance(found.publisher, PullSession)
+                or found.publisher.closed.is_set() or stream in self._lingering
+                or self.wanted(stream)):
             return
         with contextlib.suppress(RuntimeError):
-            self._tasks.start(f"linger-{found.name}", self._linger(found.name))
+            self._lingering.add(stream)
+            self._tasks.start(f"linger-{stream}", self._linger(stream))
 
     async def _retry(self, stream: str, via_with_us: tuple[str, ...]) -> None:
         via = via_with_us[:-1]  # the chain as this node was asked, without itself
@@ -142,7 +164,7 @@ class Cascade(RelayObserver):
         while True:
             await asyncio.sleep(delay)
             found = self.streams.by_name.get(stream)
-            if found is None or not found.viewers:
+            if found is None or not self.wanted(stream):
                 return
             if found.publisher is not None and not found.publisher.closed.is_set():
                 return
@@ -160,16 +182,30 @@ class Cascade(RelayObserver):
             return
 
     async def _linger(self, stream: str) -> None:
-        await asyncio.sleep(self.linger_s)
+        try:
+            await asyncio.sleep(self.linger_s)
+        finally:
+            self._lingering.discard(stream)
         found = self.streams.by_name.get(stream)
-        if found is None or found.viewers or not isinstance(found.publisher, PullSession):
+        if (found is None or self.wanted(stream)
+                or not isinstance(found.publisher, PullSession)):
             return
-        log.info("pull of %s: no viewers for %.0f s, ending it", stream, self.linger_s)
+        log.info("pull of %s: no viewers or readers for %.0f s, ending it", stream,
+                 self.linger_s)
         await found.publisher.close(ENDED_IDLE)
 
     async def start(self) -> None:
+        self._tasks.start("sweep", self._sweep())
         if self.directory is not None:
             self._tasks.start("watch", self._watch())
+
+    async def _sweep(self) -> None:
+        """Pulls whose last reader other than a viewer went away (the segments of a stream
+        nobody reads any more) linger and end, as after the last viewer."""
+        while True:
+            await asyncio.sleep(SWEEP_S)
+            for stream in list(self.streams.by_name):
+                self._linger_if_unwanted(stream)
 
     async def _watch(self) -> None:
         """Viewers waiting on a stream nobody published here yet: pull it as soon as the

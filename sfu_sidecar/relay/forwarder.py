@@ -376,7 +376,7 @@ class TrackForwarder:
         ids = self._ids[self._epoch]
         replaced = {ids[uri]: value for uri, value in written.items() if uri in ids}
         kept = tuple((i, v) for i, v in extensions if i not in replaced)
-        return kept + tuple(replaced.items())
+        return kept + tuple((i, v) for i, v in replaced.items() if v)  # empty: taken out
 
     def _info(
         self, pkt: RtpPacket, keyframe: bool, arrival_ns: int, uris: Mapping[int, str]

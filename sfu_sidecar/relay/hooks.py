@@ -170,7 +170,8 @@ class RelayObserver:
         """One RTP packet of ``stream``'s publisher (RTX unwrapped), before any viewer's
         observers see it. Called only for observers that override it. May return header
         extension values by URI (only those in forwarder.RELAY_WRITTEN, or ones the publisher
-        negotiated) to write into the copies every viewer gets."""
+        negotiated) to write into the copies every viewer gets; an empty value takes that
+        extension out of the copies."""
         return None
 
     def publisher_connected(self, publisher: PublisherHandle) -> None:

@@ -3,7 +3,9 @@
 ``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8), or
 ``.../init.mp4`` and ``.../{n}.m4s`` (H.264), and for H.264 the HLS playlists
 ``.../master.m3u8`` and ``.../media.m3u8``. The first
-request for a stream starts its segmenting (see :class:`SegmentService`). Closed segments never
+request for a stream starts its segmenting (see :class:`SegmentService`); on an edge, for a
+stream with no publisher here, it first pulls the stream from upstream as a WHEP viewer's
+request does, and the pull lasts while the segments are read. Closed segments never
 change, so they are served as immutable; the index, playlists and init segment are not cached,
 as a new segmenter (after an idle stop) starts over with its own numbering. The view token
 guards these routes as it guards WHEP viewing.
@@ -33,16 +35,20 @@ MAX_SEGMENT_NUMBER = 10**12
 def add_routes(app: web.Application, service: SegmentService) -> None:
     base = f"/streams/{STREAM_PATTERN}/media"
 
-    def segmenter(request: web.Request) -> StreamSegmenter:
+    async def segmenter(request: web.Request) -> StreamSegmenter:
         require_bearer(request, service.settings.view_token, "viewing")
         stream = request.match_info["stream"]
         found = service.reader(stream)
+        if found is None and service.relay.cascade is not None:
+            # An edge: pull it (raises the upstream's refusal: 404, 503, 508), then segment.
+            await service.relay.cascade.ensure(stream)
+            found = service.reader(stream)
         if found is None:
             raise NotFound(f"no stream {stream}")
         return found
 
     async def index(request: web.Request) -> web.Response:
-        seg = segmenter(request)
+        seg = await segmenter(request)
         # The epoch maps stream time back to house time (a frame's capture time); the caption
         # chunk length and languages let a player fetch chunk-{n}.vtt alongside the media.
         doc = seg.index() | {
@@ -53,7 +59,7 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         return json_ok(doc, headers={"Cache-Control": NO_CACHE})
 
     async def init(request: web.Request) -> web.Response:
-        seg = segmenter(request)
+        seg = await segmenter(request)
         ext = seg.extensions[0]
         if request.match_info["ext"] != ext:
             raise NotFound(f"stream {seg.stream} is segmented as {seg.container} (init.{ext})")
@@ -64,7 +70,7 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
                              headers={"Cache-Control": NO_CACHE})
 
     async def media(request: web.Request) -> web.Response:
-        seg = segmenter(request)
+        seg = await segmenter(request)
         number = int(request.match_info["n"])
         ext = seg.extensions[1]
         if request.match_info["ext"] != ext:
@@ -76,9 +82,9 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         return web.Response(body=found.data, content_type=CONTENT_TYPES[seg.container],
                             headers={"Cache-Control": IMMUTABLE})
 
-    def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
+    async def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
         """The segmenter of an H.264 stream with a closed segment, and the stream epoch."""
-        seg = segmenter(request)
+        seg = await segmenter(request)
         # The first keyframe fixes the codec; before it, the publisher's negotiated one tells.
         codec: str | None = seg.video_codec if seg.video is not None else None
         relay_stream = service.relay.streams.by_name.get(seg.stream)
@@ -104,12 +110,12 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
                             headers={"Cache-Control": NO_CACHE})
 
     async def media_playlist(request: web.Request) -> web.Response:
-        seg, epoch = hls_segmenter(request)
+        seg, epoch = await hls_segmenter(request)
         return playlist(hls.media_playlist(list(seg.segments), init_url=seg.init_url(),
                                            epoch_ns=epoch, media_ext=seg.extensions[1]))
 
     async def master_playlist(request: web.Request) -> web.Response:
-        seg, _ = hls_segmenter(request)
+        seg, _ = await hls_segmenter(request)
         video = seg.video
         # The frame rate is not measured by the segmenter, so FRAME-RATE (optional) is left out.
         return playlist(hls.master_playlist(

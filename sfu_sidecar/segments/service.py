@@ -69,6 +69,9 @@ class SegmentService(RelayObserver):
 
     async def start(self) -> None:
         self.relay.add_observer(self)
+        if self.relay.cascade is not None:
+            # On an edge a pull lasts while its segments are read, as while it has viewers.
+            self.relay.cascade.add_interest(lambda stream: stream in self.live)
         if self.sweep_s is not None:
             self._tasks.start("sweep", self._sweep_loop(self.sweep_s))
 

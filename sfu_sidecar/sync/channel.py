@@ -168,6 +168,10 @@ class SyncService(RelayObserver):
                 pub.sync.reconnect()  # new SSRCs, timestamp bases and clock
                 pub.channel = pub.clock_report = None
             pub.publisher_id = publisher_id
+            slot = self.relay.streams.by_name.get(stream)
+            publisher = slot.publisher if slot is not None else None
+            pub.sync.set_relayed(publisher is not None and publisher.id == publisher_id
+                                 and publisher.relayed)
         return pub
 
     def publisher_connected(self, publisher: PublisherHandle) -> None:
@@ -222,7 +226,13 @@ class SyncService(RelayObserver):
         if packet.kind == "video" and self.captions is not None:
             self._maybe_fix_epoch(stream, pub, packet, capture)
         # Every copy carries abs-capture-time in house time, whatever the publisher sent, so
-        # a browser's getSynchronizationSources() shows capture times on the house clock.
+        # a browser's getSynchronizationSources() shows capture times on the house clock; but
+        # only a capture time known exactly: the extension cannot say "estimated", and a
+        # receiver (a browser, attach(), an edge relay) takes what it carries as the truth. An
+        # estimate goes out in the sync records, flagged; the copies then carry none at all
+        # (not even the publisher's own stamp, which is on the publisher's clock).
+        if capture.estimated:
+            return {ABS_CAPTURE_TIME: b""}
         return {ABS_CAPTURE_TIME: build_abs_capture_time(capture.capture_ns)}
 
     def capture_time(self, stream: str, packet: PacketInfo) -> CaptureTime | None:

@@ -32,12 +32,20 @@ class PublisherSync:
         self.clock = PublisherClock()
         self.mappings: dict[str, TrackMapping] = {}
         self.bad_extensions = 0  # abs-capture-time payloads of a length the spec lacks
+        self.relayed = False  # see TrackMapping.relayed
 
     def track(self, kind: str, clock_rate: int) -> TrackMapping:
         m = self.mappings.get(kind)
         if m is None or m.clock_rate != clock_rate:
             m = self.mappings[kind] = TrackMapping(clock_rate, self.clock, audio=kind == "audio")
+            m.relayed = self.relayed
         return m
+
+    def set_relayed(self, relayed: bool) -> None:
+        """Whether the publisher is a pull from another sidecar (TrackMapping.relayed)."""
+        self.relayed = relayed
+        for m in self.mappings.values():
+            m.relayed = relayed
 
     def join(self, house_minus_publisher_ns: int) -> None:
         """The publisher's ``clock_report`` ``offset_ns`` (proto/clock.md)."""

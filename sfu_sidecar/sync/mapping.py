@@ -284,6 +284,10 @@ class TrackMapping:
         self.clock_rate = clock_rate
         self.publisher = publisher
         self.audio = audio
+        # A pull from another sidecar: that relay writes abs-capture-time only on packets whose
+        # capture time it knows exactly, so a packet without it is an estimate there and must
+        # be one here too (neither an older stamp nor its sender reports may vouch for it).
+        self.relayed = False
         self._tolerance = tolerance_ns
         self._sr_window = sr_window
         self._abs_max_age = int(abs_max_age_s * clock_rate)
@@ -339,6 +343,8 @@ class TrackMapping:
             self._frame_ext, self._frame_arrival = ext, arrival_ns
             self._arrivals.append((ext, arrival_ns - self._ticks_ns(ext)))
         exact: int | None = None
+        if abs_capture is None and self.relayed:
+            self._abs_last = None
         if abs_capture is not None:
             exact = abs_capture.sender_clock_ns()
             self._abs_last = (ext, exact)
@@ -506,7 +512,7 @@ class TrackMapping:
             if ext - a_ext <= self._abs_max_age:
                 return Source.ABS_CAPTURE_TIME, a_ext, a_ns + offset, \
                     _drift_ppb(self._abs, self.clock_rate), estimated
-        if offset is not None and self._sr:
+        if offset is not None and self._sr and not self.relayed:
             s_ext, s_ns, drift = self._sr_line()
             return Source.SENDER_REPORT, s_ext, s_ns + offset, drift, estimated
         if self._arrivals:

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import av
 import pytest
 
 from sfu_sidecar.client.whip import WhipSession
 from sfu_sidecar.sync.wire import Cue, Epoch, PublisherState, Source
-from sfu_sidecar.synthetic import FlashVideoTrack, Timeline
+from sfu_sidecar.synthetic import FlashVideoTrack, Timeline, decode_frame_number
 from tests.conftest import ServerProcess, free_port
 from tests.relay.peers import Peer, view, wait_for
 from tests.sync.records import ViewerRecords
@@ -309,6 +310,80 @@ async def test_loops_and_missing_origins_are_refused(tmp_path: Path) -> None:
     finally:
         for node in (a, b, lone):
             node.stop()
+
+
+async def test_an_edge_serves_live_segments_of_a_stream_it_pulls(tmp_path: Path) -> None:
+    """MSE and HLS players on an edge: the first segment request pulls the stream, the edge's
+    segments carry the origin's capture times (each frame's pts is its true capture time less
+    the one stream epoch), and the pull ends once nobody reads them."""
+    origin = Node(tmp_path / "origin", node_id="origin")
+    edge = Node(tmp_path / "edge", node_id="edge", origin_url=origin.base,
+                segment_duration_s="1", segment_idle_s="2", cascade_linger_s="1")
+    origin.start()
+    edge.start()
+    try:
+        async with aiohttp.ClientSession() as http:
+            session, video, _ = await start_publisher(origin.base, "seg", stamp=True)
+            try:
+                media = f"{edge.base}/streams/seg/media"
+                started = time.monotonic()
+                while True:
+                    async with http.get(f"{media}/index.json") as resp:
+                        assert resp.status == 200, await resp.text()
+                        index = await resp.json()
+                    if index["init"] is not None and len(index["segments"]) >= 3:
+                        break
+                    assert time.monotonic() - started < 30, index
+                    await asyncio.sleep(0.2)
+                # The edge pulls: it is one viewer of the origin's stream.
+                at_origin = await stream_status(http, origin.base, "seg")
+                assert len(at_origin["viewers"]) == 1, at_origin["viewers"]
+                # One epoch: the origin's, moved onto the edge's clock by the clock join (same
+                # host, so within the join's error).
+                async with http.get(f"{origin.base}/streams/seg/media/index.json") as resp:
+                    assert abs(index["epoch_ns"] - (await resp.json())["epoch_ns"]) < 2_000_000
+                path = tmp_path / "edge.webm"
+                with path.open("wb") as f:
+                    async with http.get(f"{media}/{index['init']}") as resp:
+                        assert resp.status == 200
+                        f.write(await resp.read())
+                    for entry in index["segments"][:3]:
+                        async with http.get(f"{media}/{entry['number']}.webm") as resp:
+                            assert resp.status == 200
+                            f.write(await resp.read())
+                errors = []
+                with av.open(str(path)) as container:
+                    for frame in container.decode(container.streams.video[0]):
+                        assert frame.pts is not None and frame.time_base is not None
+                        number = decode_frame_number(
+                            frame.to_ndarray(format="yuv420p")[: frame.height])
+                        pts_ns = int(frame.pts * frame.time_base * 1_000_000_000)
+                        errors.append(abs(pts_ns - (video.capture_log[number]
+                                                    - index["epoch_ns"])))
+                assert len(errors) >= 3 * 25, len(errors)  # about 30 fps, 1 s segments
+                assert max(errors) <= TOLERANCE_NS, sorted(errors)[-5:]
+                print(f"\nedge segments: {len(errors)} frames, pts error max "
+                      f"{max(errors) / 1e6:.3f} ms")
+
+                # Nobody reads them any more: segmenting stops after segment_idle_s, the pull
+                # lingers cascade_linger_s and ends, and the origin loses that viewer.
+                left = time.monotonic()
+                while (await stream_status(http, origin.base, "seg"))["viewers"]:
+                    assert time.monotonic() - left < 20, edge.log()
+                    await asyncio.sleep(0.2)
+                assert time.monotonic() - left >= 2.0  # not before segment_idle_s
+            finally:
+                await session.close()
+            # The origin gone: a segment request for a stream the edge lacks gets 503 with
+            # Retry-After and the reason, at once, as a WHEP viewer's would.
+            origin.stop()
+            async with http.get(f"{edge.base}/streams/other/media/index.json") as resp:
+                body = await resp.text()
+                assert resp.status == 503 and resp.headers.get("Retry-After"), body
+                assert "unreachable" in body or "did not answer" in body, body
+    finally:
+        edge.stop()
+        origin.stop()
 
 
 async def recvonly_offer() -> str:

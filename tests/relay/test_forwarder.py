@@ -263,3 +263,17 @@ def test_totals_sent_keep_what_departed_viewers_were_sent() -> None:
     assert (fw.packets_sent(), fw.retransmitted()) == (8, 1)
     sent(fw, pkt(304, 12000))
     assert fw.packets_sent() == 9
+
+
+def test_a_publisher_hook_writes_an_extension_or_takes_it_out() -> None:
+    """The sync hook writes abs-capture-time in house time over the publisher's stamp, or,
+    for a capture time it only estimates, takes the extension out of every copy."""
+    fw = forwarder()
+    a = output("a")
+    fw.add_output(a)
+    house = b"87654321"
+    copies, _ = fw.push(pkt(1, 90_000, KEY), 0, 0, on_packet=lambda info: {ABS_CAPTURE_TIME: house})
+    assert dict(RtpPacket.parse(copies[0][1]).extensions)[7] == house
+    copies, _ = fw.push(pkt(2, 93_000), 0, 0, on_packet=lambda info: {ABS_CAPTURE_TIME: b""})
+    exts = dict(RtpPacket.parse(copies[0][1]).extensions)
+    assert 7 not in exts and exts[4] == b"a"  # the publisher's own stamp is not passed on

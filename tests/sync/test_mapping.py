@@ -272,6 +272,43 @@ def test_abs_capture_time_wins_and_is_exact_with_its_clock_offset() -> None:
     assert got.source is Source.SENDER_REPORT and abs(got.capture_ns - t) < 1_000
 
 
+def test_a_relayed_track_is_exact_only_on_packets_that_carry_abs_capture_time() -> None:
+    """A pull from another sidecar: that relay stamps only the capture times it knows
+    exactly. An unstamped packet is an estimate there, so it is one here: neither the last
+    stamp nor the upstream's sender reports (built from its estimates) may make it exact."""
+    track = SimTrack(90_000, base=7, ssrc=3)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)  # the edge joined the upstream's house clock
+    m = TrackMapping(90_000, clock)
+    m.relayed = True
+    frame_ns = NS // 30
+    seen = []
+    for i in range(60):
+        t = HOUSE_T0 + i * frame_ns
+        if i % 15 == 0:
+            m.on_sender_report(3, *track.sr(t), t + 1_000_000)
+        stamped = 20 <= i < 40  # the upstream knew these exactly; before and after, not
+        ext = AbsCaptureTime(unix_ns_to_ntp(t - PUB_OFFSET)) if stamped else None
+        got = m.on_rtp(3, track.rtp_at(t), t + 20_000_000, ext)
+        seen.append((stamped, got.source, got.estimated))
+        if stamped:
+            assert abs(got.capture_ns - t) <= 2
+    for stamped, source, estimated in seen:
+        if stamped:
+            assert source is Source.ABS_CAPTURE_TIME and not estimated
+        else:
+            assert source is Source.ARRIVAL and estimated
+
+    # The same packets on a track that is not relayed: the sender reports make them exact.
+    m = TrackMapping(90_000, clock)
+    for i in range(90):
+        t = HOUSE_T0 + i * frame_ns
+        if i % 15 == 0:
+            m.on_sender_report(3, *track.sr(t), t + 1_000_000)
+        got = m.on_rtp(3, track.rtp_at(t), t + 20_000_000)
+    assert got.source is Source.SENDER_REPORT and not got.estimated
+
+
 def test_abs_capture_time_without_join_or_reports_is_estimated_from_arrival() -> None:
     m = TrackMapping(90_000, PublisherClock())
     t = HOUSE_T0
