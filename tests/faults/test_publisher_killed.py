@@ -3,7 +3,7 @@
 The relay must notice on its own (no DELETE comes), tell the viewers that the stream has no
 publisher (``/api/streams`` and the sync channel's ``publisher`` state), keep the viewers
 connected, and let the next publisher take over with the viewers' timeline continuing: RTP
-sequence numbers, RTP timestamps and capture times (abs-capture-time, house clock) never go
+sequence numbers, RTP timestamps and capture times (the sync records, house clock) never go
 backwards.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,10 +18,8 @@ from typing import Any
 
 import aiohttp
 
-from sfu_sidecar.ntptime import ntp_to_unix_ns
 from sfu_sidecar.relay import aiortc_adapter
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
-from sfu_sidecar.sync.mapping import AbsCaptureTime
 from sfu_sidecar.sync.wire import (
     Batch,
     ControlMessage,
@@ -33,6 +30,8 @@ from sfu_sidecar.sync.wire import (
 from tests.conftest import ServerProcess
 from tests.faults.procs import PeerProcess, aget_json, metric
 from tests.relay.peers import Peer, received_ssrc, view, wait_for
+from tests.sync.records import ViewerRecords
+from tests.sync.test_channel import _mid, collect
 
 STREAM = "killed-publisher"
 PUBLISHER_TIMEOUT_S = 3.0  # seconds without media (default 10), shortened to keep this fast
@@ -55,25 +54,30 @@ def publisher_states(peer: Peer) -> list[tuple[float, bool]]:
     return seen
 
 
-def video_timeline(peer: Peer) -> list[tuple[int, int, int]]:
-    """(extended sequence number, RTP timestamp, capture ns) of the viewer's video packets,
-    in sequence order (RTX repairs left out: they repeat an original)."""
-    section = peer.answer.split("m=video", 1)[1]
-    found = re.search(rf"a=extmap:(\d+)\S* {re.escape(ABS_CAPTURE_TIME)}", section)
-    assert found, "the relay's answer lacks abs-capture-time"
-    ext_id = int(found[1])
+def video_timeline(peer: Peer, records: ViewerRecords) -> list[tuple[int, int, int | None]]:
+    """(extended sequence number, RTP timestamp, capture ns or None) of the viewer's video
+    packets, in sequence order (RTX repairs left out: they repeat an original). The capture
+    time is the one the sync records give the packet's frame: this publisher never joins the
+    house clock, so every capture time is an estimate, which only the records carry (the
+    copies carry abs-capture-time for exact capture times alone)."""
     ssrc = received_ssrc(peer, "video")
-    out: dict[int, tuple[int, int, int]] = {}
+    mid = _mid(peer, "video")
+    track = next((t for t, a in records.current.items() if a.mid == mid), None)
+    out: dict[int, tuple[int, int, int | None]] = {}
     last: int | None = None
     packets = [p for p in list(peer.received) if p.ssrc == ssrc]
     for pkt in packets:
         step = (pkt.sequence_number - (last or 0) + 0x8000) % 0x10000 - 0x8000
         seq = pkt.sequence_number if last is None else last + step
         last = seq
-        raw = dict(pkt.extensions)[ext_id]
-        out[seq] = (seq, pkt.timestamp, ntp_to_unix_ns(AbsCaptureTime.parse(raw).capture_ntp))
+        found = records.frames.get((track, pkt.timestamp)) if track is not None else None
+        out[seq] = (seq, pkt.timestamp, found[0] if found is not None else None)
     assert len(out) == len(packets), "a sequence number was sent twice"
     return [out[k] for k in sorted(out)]
+
+
+def mapped(timeline: list[tuple[int, int, int | None]]) -> list[tuple[int, int, int]]:
+    return [(s, ts, c) for s, ts, c in timeline if c is not None]
 
 
 async def test_killed_publisher_is_reaped_viewers_told_and_a_new_one_takes_over(
@@ -82,7 +86,8 @@ async def test_killed_publisher_is_reaped_viewers_told_and_a_new_one_takes_over(
     server = server_factory("--ice-addresses", "127.0.0.1", "--log-level", "warning",
                             "--publisher-timeout-s", str(PUBLISHER_TIMEOUT_S))
     base = server.base
-    # The viewer offers abs-capture-time as a browser does, so it receives the capture times.
+    # The viewer offers abs-capture-time as a browser does (it gets none on this stream: the
+    # publisher never joins the house clock, so its capture times are estimates).
     aiortc_adapter.negotiate_header_extension("video", ABS_CAPTURE_TIME)
     first = PeerProcess("publish", base, STREAM, tmp_path / "first.log")
     second: PeerProcess | None = None
@@ -91,9 +96,11 @@ async def test_killed_publisher_is_reaped_viewers_told_and_a_new_one_takes_over(
             await first.wait_event("connected", 30)
             viewer = await view(http, base, STREAM, data_channel="sync", decode=False)
             states = publisher_states(viewer)
-            await wait_for(lambda: len(video_timeline(viewer)) > 90, 20, "video at the viewer")
+            records = collect(viewer)
+            await wait_for(lambda: len(mapped(video_timeline(viewer, records))) > 90, 20,
+                           "video at the viewer")
             await wait_for(lambda: bool(states) and states[-1][1], 10, "publisher live state")
-            before_kill = len(video_timeline(viewer))
+            before_kill = len(mapped(video_timeline(viewer, records)))
 
             first.kill()
             killed_at = time.monotonic()
@@ -122,16 +129,19 @@ async def test_killed_publisher_is_reaped_viewers_told_and_a_new_one_takes_over(
             second = PeerProcess("publish", base, STREAM, tmp_path / "second.log")
             await second.wait_event("connected", 30)
             await wait_for(lambda: states[-1][1], 5, "the viewer told: live again")
-            await wait_for(lambda: len(video_timeline(viewer)) > before_kill + 90, 20,
+            await wait_for(lambda: len(mapped(video_timeline(viewer, records))) > before_kill + 90,
+                           20,
                            "video from the second publisher")
             status = await aget_json(f"{base}/api/streams/{STREAM}")
             assert status["publisher"] is not None and status["publishers_seen"] == 2
 
-            timeline = video_timeline(viewer)
+            everything = video_timeline(viewer, records)
             # One sequence across both publishers: at most a few packets lost on loopback.
-            assert timeline[-1][0] - timeline[0][0] + 1 - len(timeline) <= 5
-            for (_, ts0, cap0), (s1, ts1, cap1) in itertools.pairwise(timeline):
+            assert everything[-1][0] - everything[0][0] + 1 - len(everything) <= 5
+            for (_, ts0, _), (s1, ts1, _) in itertools.pairwise(everything):
                 assert (ts1 - ts0) % (1 << 32) < (1 << 31), f"RTP time went back at seq {s1}"
+            timeline = mapped(everything)
+            for (_, _, cap0), (s1, _, cap1) in itertools.pairwise(timeline):
                 assert cap1 >= cap0, f"capture time went back {cap0 - cap1} ns at seq {s1}"
             gap_s = max(b[2] - a[2] for a, b in itertools.pairwise(timeline)) / 1e9
             print(f"publisher reaped {reaped_s:.1f} s after SIGKILL; capture-time gap across "
