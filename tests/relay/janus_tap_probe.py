@@ -123,6 +123,16 @@ class JanusHttp:
         raise RuntimeError("no event from Janus")
 
 
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL after 10 s."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 async def wait_http(http: aiohttp.ClientSession, url: str,
                     proc: subprocess.Popen[bytes]) -> None:
     for _ in range(150):  # up to 30 s
@@ -285,12 +295,7 @@ def main() -> int:
         try:
             asyncio.run(run(seconds, workdir, janus, result, viewer_kind))
         finally:
-            janus.terminate()
-            try:
-                janus.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                janus.kill()
-                janus.wait()
+            stop_process(janus)
             if "delete_status" not in result:  # it failed: Janus's side of the story
                 print(log.read_text()[-3000:], file=sys.stderr)
     print(json.dumps(result))

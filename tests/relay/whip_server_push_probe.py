@@ -43,6 +43,7 @@ from tests.relay.janus_tap_probe import (
     decode_for,
     janus_config,
     setup_namespace,
+    stop_process,
     wait_http,
 )
 from tests.relay.peers import PatternVideo, ToneAudio, client_pc, publish, wait_for
@@ -242,12 +243,7 @@ async def run(seconds: float, workdir: Path, server_folder: Path,
         if publisher is not None:
             await publisher.pc.close()
         await server.close()
-        whip.terminate()
-        try:
-            whip.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            whip.kill()
-            whip.wait()
+        stop_process(whip)
         if "endpoint_released_s" not in result:  # it failed: the servers' side of the story
             print(log.read_text()[-3000:], file=sys.stderr)
 
@@ -267,12 +263,7 @@ def main() -> int:
         try:
             asyncio.run(run(seconds, workdir, server_folder, janus, result))
         finally:
-            janus.terminate()
-            try:
-                janus.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                janus.kill()
-                janus.wait()
+            stop_process(janus)
             if "endpoint_released_s" not in result:
                 print(log.read_text()[-3000:], file=sys.stderr)
     print(json.dumps(result))
