@@ -268,6 +268,8 @@ class UdpEndpoint(asyncio.DatagramProtocol):
     def __init__(self, on_datagram: Callable[[UdpEndpoint, bytes, Address], None]) -> None:
         self.on_datagram = on_datagram
         self.transport: asyncio.DatagramTransport | None = None
+        # Set once the socket is really closed: asyncio closes it a loop turn after close().
+        self.lost = asyncio.Event()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = cast(asyncio.DatagramTransport, transport)
@@ -278,6 +280,9 @@ class UdpEndpoint(asyncio.DatagramProtocol):
     def error_received(self, exc: Exception) -> None:
         # ICMP port unreachable from a feedback address that went away: nothing to do.
         pass
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost.set()
 
     @property
     def port(self) -> int:
@@ -493,9 +498,11 @@ class TapSession(PublisherSource):
         return self.connected_once
 
     async def _release(self) -> None:
-        for ports in self.media_ports:
-            ports.rtp.close()
-            ports.rtcp.close()
+        endpoints = [e for ports in self.media_ports for e in (ports.rtp, ports.rtcp)]
+        for endpoint in endpoints:
+            endpoint.close()
+        # The ports are free when this returns, so a DELETE's answer means they can be reused.
+        await asyncio.gather(*(e.lost.wait() for e in endpoints if e.transport is not None))
 
     def description(self) -> dict[str, Any]:
         """Where to send: the ports per media, as the creating request is answered."""
