@@ -22,10 +22,12 @@ from tests.relay.peers import client_pc
 
 STREAM = "churn"
 CYCLES = 1000
-# The warm-up runs the same churn long enough (past the connect timeout) to reach the peak
-# number of live sessions: the allocator keeps that high-water mark, which is not a leak
-# (measured: the first 1000 cycles from cold add ~55 MiB, each further 1000 add 0.3-3 MiB).
-WARMUP = 400
+# The warm-up is the same churn as the measured one, so it reaches the same peak number of live
+# sessions (dropped ones live until the connect timeout, so that peak depends on how fast this
+# machine churns): the allocator keeps that high-water mark, which is not a leak (measured: the
+# first 1000 cycles from cold add ~55 MiB, each further 1000 add 0.3-3 MiB; a warm-up of 400
+# that ended before the connect timeout left a fast machine 32 MiB short of its peak).
+WARMUP = CYCLES
 WORKERS = 4  # concurrent clients: enough to overlap sessions, not to starve 2 cores
 CONNECT_TIMEOUT_S = 3.0  # session_connect_timeout_s (default 30), shortened to keep this fast
 # Bounds over the warm baseline. Measured on a 2-core machine: fds and tasks come back to the
