@@ -217,7 +217,9 @@ class Supervisor:
                 raise web.HTTPNotFound(reason=f"no resource {request.method} {path}")
             return owner
         if parts[0] == "whep" and len(parts) == 2:
-            return self._viewer_worker()
+            # Only an offer makes a viewer: a browser's OPTIONS before it (ICE servers) must
+            # not move the turn, or every browser viewer would land on the same worker.
+            return self._viewer_worker() if request.method == "POST" else self.home(parts[1])
         if parts[0] in ("whip", "captions", "streams") and len(parts) >= 2:
             return self.home(parts[1])
         if parts[:2] == ["api", "streams"] and len(parts) >= 3:

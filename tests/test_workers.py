@@ -65,6 +65,9 @@ async def test_viewers_spread_over_workers_with_exact_capture_times_and_captions
     async with aiohttp.ClientSession() as http:
         viewers, records = [], []
         for _ in range(4):  # each channel's handler attached before its first message
+            # As a browser's WHEP client does: OPTIONS first, which must not count as a viewer.
+            async with http.options(f"{base}/whep/{stream}") as resp:
+                assert resp.status in (200, 204), await resp.text()
             viewers.append(await view(http, base, stream, data_channel="sync"))
             records.append(collect(viewers[-1]))
         try:
