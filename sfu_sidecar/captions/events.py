@@ -36,7 +36,11 @@ class Epoch:
 
 @dataclass(frozen=True, slots=True)
 class Cue:
-    """Caption cue add or update (same ``id`` replaces); times in stream seconds."""
+    """Caption cue add or update (same ``id`` replaces); times in stream seconds.
+
+    ``settings`` is the WebVTT cue settings list (``line:10% align:start``), empty for none: a
+    viewer places the cue where the producer asked, and an edge stores it as the origin does.
+    """
 
     stream: str
     lang: str
@@ -45,6 +49,7 @@ class Cue:
     end: float
     text: str
     final: bool
+    settings: str = ""
     type: ClassVar[str] = "cue"
 
 

@@ -61,8 +61,9 @@ class StoredCue:
         return webvtt.seconds_from_ms(self.end_ms)
 
     def cue_event(self) -> Cue:
-        """The live event of this cue as it now stands (its text, times and finality)."""
-        return Cue(self.stream, self.lang, self.id, self.start, self.end, self.text, self.final)
+        """The live event of this cue as it now stands (its text, times, finality, settings)."""
+        return Cue(self.stream, self.lang, self.id, self.start, self.end, self.text, self.final,
+                   self.settings)
 
     def event(self) -> Cue | CueRetract:
         """The live event this record causes: the cue, or its retraction."""
@@ -195,7 +196,7 @@ def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBa
         where = f"cues[{i}]"
         if not isinstance(raw, Mapping):
             raise Unprocessable(f"{where} must be an object")
-        unknown = set(raw) - {"id", "start", "end", "text", "final"}
+        unknown = set(raw) - {"id", "start", "end", "text", "final", "settings"}
         if unknown:
             raise Unprocessable(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         cue_id = None if raw.get("id") is None else check_cue_id(raw["id"], f"{where}.id")
@@ -210,7 +211,9 @@ def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBa
         final = raw.get("final", True)
         if not isinstance(final, bool):
             raise Unprocessable(f"{where}.final must be true or false")
-        cues.append(CueInput(cue_id, start, end, check_text(raw.get("text"), where), final))
+        settings = check_settings(raw.get("settings", ""), f"{where}.settings")
+        cues.append(CueInput(cue_id, start, end, check_text(raw.get("text"), where), final,
+                             settings))
         _check_interval(cues[-1], timebase, where)
     return IngestBatch(lang, timebase, tuple(cues))
 
@@ -256,6 +259,42 @@ def parse_vtt_batch(body: bytes, lang: Any, max_cues: int = MAX_CUES_PER_REQUEST
         _check_interval(item, "stream_s", where)
         cues.append(item)
     return IngestBatch(lang, "stream_s", tuple(cues))
+
+
+MAX_SETTINGS_CHARS = 200
+# The Cue field each cue setting a producer may name sets (regions are not stored).
+_SETTING_FIELDS = {"vertical": "vertical", "line": "line", "position": "position",
+                   "size": "size", "align": "align"}
+
+
+def check_settings(value: Any, where: str) -> str:
+    """WebVTT cue settings given in JSON, as stored: each one must be a setting WebVTT knows
+    with a value it accepts (a file's parser skips bad ones silently; an API says why)."""
+    if not isinstance(value, str):
+        raise Unprocessable(f"{where} must be a string of WebVTT cue settings")
+    if len(value) > MAX_SETTINGS_CHARS:
+        raise Unprocessable(f"{where} is longer than {MAX_SETTINGS_CHARS} characters")
+    unset = object()
+    for token in value.split():
+        name = token.partition(":")[0]
+        field_name = _SETTING_FIELDS.get(name)
+        if field_name is None:
+            raise Unprocessable(
+                f"{where}: {token!r} is not a cue setting here "
+                f"({', '.join(_SETTING_FIELDS)})"
+            )
+        if webvtt.parse_cue_settings(token, (), {field_name: unset})[field_name] is unset:
+            raise Unprocessable(f"{where}: {token!r} has a value WebVTT does not accept")
+    return normalize_settings(value)
+
+
+def normalize_settings(settings: str) -> str:
+    """A cue settings list as this node would store it: parsed as WebVTT does (unknown or bad
+    settings dropped, no region) and written back with only non-default values."""
+    if not settings:
+        return ""
+    parsed = webvtt.parse_cue_settings(settings, ())
+    return webvtt.format_settings(webvtt.Cue("", 0, 0, "", **{**parsed, "region": None}))
 
 
 def _settings_of(cue: webvtt.Cue) -> dict[str, Any]:

@@ -42,6 +42,7 @@ from sfu_sidecar.captions.model import (
     check_cue_id,
     check_lang,
     check_stream,
+    normalize_settings,
 )
 from sfu_sidecar.captions.store import (
     Change,
@@ -209,7 +210,10 @@ class CaptionService:
         start_ms, end_ms = round(event.start * 1000), round(event.end * 1000)
         if end_ms <= start_ms or self._epochs.get(event.stream) is None:
             return
-        cue = CueInput(event.id, start_ms, end_ms, event.text, event.final)
+        # The upstream checked the settings; parsing them again keeps what is stored here to what
+        # this node would have stored from the same WebVTT.
+        cue = CueInput(event.id, start_ms, end_ms, event.text, event.final,
+                       normalize_settings(event.settings))
         await self.ingest(event.stream, IngestBatch(event.lang, "stream_s", (cue,)))
 
     async def _save_epochs(self) -> None:

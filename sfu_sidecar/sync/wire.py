@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from enum import IntEnum
 from typing import Any, ClassVar
 
@@ -351,13 +351,20 @@ CONTROL_TYPES: dict[str, type[KnownControl]] = {
 _I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
 
 
-def _control_fields(cls: type[KnownControl]) -> list[tuple[str, type]]:
+# A field's default, for the optional fields a later version added; required ones have none.
+_REQUIRED = object()
+
+
+def _control_fields(cls: type[KnownControl]) -> list[tuple[str, type, Any]]:
     # Annotations are strings under ``from __future__ import annotations``.
     hints: dict[str, type] = {"str": _STR, "int": _INT, "float": _FLOAT, "bool": _BOOL}
-    return [(f.name, hints[str(f.type)]) for f in fields(cls)]
+    return [
+        (f.name, hints[str(f.type)], _REQUIRED if f.default is MISSING else f.default)
+        for f in fields(cls)
+    ]
 
 
-_SCHEMAS: dict[str, list[tuple[str, type]]] = {
+_SCHEMAS: dict[str, list[tuple[str, type, Any]]] = {
     name: _control_fields(cls) for name, cls in CONTROL_TYPES.items()
 }
 
@@ -393,9 +400,11 @@ def control_from_map(obj: Any) -> Control:
     if schema is None:
         return UnknownControl(kind, {k: v for k, v in obj.items() if k != "type"})
     values: dict[str, Any] = {}
-    for name, ftype in schema:
+    for name, ftype, default in schema:
         if name not in obj:
-            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{kind} without {name!r}")
+            if default is _REQUIRED:
+                raise SyncWireError(ErrorKind.BAD_CONTROL, f"{kind} without {name!r}")
+            continue
         values[name] = _check_value(ftype, obj[name], name)
     return CONTROL_TYPES[kind](**values)
 
@@ -404,8 +413,10 @@ def control_to_map(msg: Control) -> dict[str, Any]:
     if isinstance(msg, UnknownControl):
         return {"type": msg.type, **msg.fields}
     out: dict[str, Any] = {"type": msg.type}
-    for name, ftype in _SCHEMAS[msg.type]:
+    for name, ftype, default in _SCHEMAS[msg.type]:
         value = getattr(msg, name)
+        if default is not _REQUIRED and value == default:
+            continue  # an optional field at its default is left out: older peers' bytes
         out[name] = float(value) if ftype is _FLOAT else value
     return out
 

@@ -94,6 +94,29 @@ async def test_vtt_body_ingest(env: Env) -> None:
     assert parsed.cues[1].text == "no id"
 
 
+async def test_json_cue_settings_are_stored_served_and_pushed(env: Env) -> None:
+    sub = env.service.events.subscribe("st")
+    resp = await env.post("st", stream_doc(
+        cue("p", 1, 2, settings="align:end  line:-2,center position:30%"),
+        cue("d", 2, 3, settings="align:center")))
+    assert resp.status == 200, await resp.text()
+    got = [await asyncio.wait_for(sub.get(), 1) for _ in range(3)]
+    # Stored in WebVTT's order with defaults left out, as from a text/vtt body.
+    assert got[1] == Cue("st", "en", "p", 1.0, 2.0, "x", True,
+                         "line:-2,center position:30% align:end")
+    assert got[2] == Cue("st", "en", "d", 2.0, 3.0, "x", True)
+    feed = await (await env.client.get("/api/streams/st/captions")).json()
+    assert [c.get("settings") for c in feed["cues"]] == [
+        "line:-2,center position:30% align:end", None]
+    env.clock.advance(5)
+    _, parsed, _ = await get_vtt(env, "/captions/st/en.vtt?start=0&end=10")
+    assert parsed is not None
+    placed = parsed.cues[0]
+    assert (placed.line, placed.line_align, placed.position, placed.align) == (
+        -2, "center", 30, "end")
+    sub.close()
+
+
 async def test_update_interim_to_final_and_events(env: Env) -> None:
     sub = env.service.events.subscribe("s1")
     await env.post("s1", stream_doc(cue("u", 1, 2, "helo", final=False)))
@@ -113,6 +136,29 @@ async def test_update_interim_to_final_and_events(env: Env) -> None:
     assert got[2] == Cue("s1", "en", "u", 1.0, 2.5, "hello", True)
     assert got[3] == CueRetract("s1", "en", "u")
     assert sub._queue.empty()  # type: ignore[attr-defined]
+    sub.close()
+
+
+async def test_a_mirrored_cue_keeps_its_settings_as_this_node_would_store_them(
+    env: Env,
+) -> None:
+    """An upstream's cue event stores here with its placement; settings are parsed again as
+    WebVTT does (a bad one dropped, the region gone), and the live event carries the result."""
+    sub = env.service.events.subscribe("m")
+    env.service.follow_epoch("m", T0)
+    await env.service.mirror(Cue("m", "en", "p", 1.0, 2.0, "placed", True,
+                                 "region:r1 line:10% bogus:1 size:x align:end"))
+    await env.service.mirror(Cue("m", "en", "q", 2.0, 3.0, "plain", True))
+    got = [await asyncio.wait_for(sub.get(), 1) for _ in range(3)]
+    assert isinstance(got[0], Epoch)
+    assert got[1] == Cue("m", "en", "p", 1.0, 2.0, "placed", True, "line:10% align:end")
+    assert got[2] == Cue("m", "en", "q", 2.0, 3.0, "plain", True)
+    env.clock.advance(5)
+    _, parsed, _ = await get_vtt(env, "/captions/m/en.vtt?start=0&end=10")
+    assert parsed is not None
+    assert (parsed.cues[0].line, parsed.cues[0].snap_to_lines, parsed.cues[0].align) == (
+        10, False, "end")
+    assert parsed.cues[1].line is None
     sub.close()
 
 
@@ -198,6 +244,12 @@ async def test_house_time_ingest_and_epoch_rules(env: Env) -> None:
         (stream_doc(cue("a b", 0, 1)), 422, "cue ids"),
         (stream_doc(cue("a", 0, 1), cue("a", 1, 2)), 422, "twice"),
         (stream_doc(cue("a", 0, 1, extra=1)), 422, "unknown field"),
+        (stream_doc(cue("a", 0, 1, settings=5)), 422, "string of WebVTT cue settings"),
+        (stream_doc(cue("a", 0, 1, settings="lin:0")), 422, "'lin:0' is not a cue setting"),
+        (stream_doc(cue("a", 0, 1, settings="region:r1")), 422, "not a cue setting"),
+        (stream_doc(cue("a", 0, 1, settings="line:0 size:120%")), 422,
+         "'size:120%' has a value WebVTT does not accept"),
+        (stream_doc(cue("a", 0, 1, settings="align:" + "x" * 300)), 422, "longer than"),
         (stream_doc(*[cue(f"c{i}", i, i + 1) for i in range(501)]), 413, "at most 500"),
         ({"timebase": "house_ns", "lang": "en", "cues": [cue("a", 1, 2)]}, 422, "away from"),
         ({"timebase": "house_ns", "lang": "en", "cues": [cue("a", T0 + 0.5, T0 + 1e9)]}, 422,

@@ -29,6 +29,7 @@ from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
 
 WATCH_S = 6.0
 CUE_TEXT = "caption on capture time"
+CUE_SETTINGS = "line:0 align:start"  # top of the picture, text to the start side
 
 # Records every presented frame, with the frame number read off its pixels.
 RECORD_JS = """
@@ -42,6 +43,12 @@ RECORD_JS = """
     return track ? [...(track.activeCues ?? [])].map((c) => c.text).join('\\n') : '';
   };
   const shownCaption = window.shownCaption;
+  // Where the shown cues sit: the VTTCue attributes their settings set.
+  const shownPlacement = () => {
+    const track = [...video.textTracks].find((t) => t.mode === 'showing');
+    return [...(track?.activeCues ?? [])].map(
+      (c) => ({ line: c.line, snapToLines: c.snapToLines, align: c.align }));
+  };
   window.probeSources = [];
   window.sfuViewer.frameListeners.push((record, meta) => {
     const n = window.readFrameNumber(video);
@@ -52,6 +59,7 @@ RECORD_JS = """
       capture: record.captureNs === null ? null : String(record.captureNs),
       estimated: track ? Boolean(track[1].estimated) : null,
       caption: shownCaption(),
+      placement: shownPlacement(),
     });
     // abs-capture-time as Chromium reports it for the last played frame.
     const receiver = window.sfuViewer.session?.pc.getReceivers()
@@ -106,7 +114,8 @@ class Service(LoopThread):
         import aiohttp
 
         body = {"timebase": "house_ns", "lang": "en",
-                "cues": [{"id": "probe", "start": start_ns, "end": end_ns, "text": text}]}
+                "cues": [{"id": "probe", "start": start_ns, "end": end_ns, "text": text,
+                          "settings": CUE_SETTINGS}]}
         async with aiohttp.ClientSession() as http, http.post(
             f"http://127.0.0.1:{self.origin_port}/api/streams/e2e/captions", json=body
         ) as resp:

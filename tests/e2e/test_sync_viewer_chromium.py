@@ -102,3 +102,7 @@ def check_viewer_page(result: dict[str, Any]) -> None:
     for f in mapped:
         expected = CUE_TEXT if cue["start"] <= int(f["capture"]) < cue["end"] else ""
         assert f["caption"] == expected, (f, cue)
+    # ... where its settings (line:0 align:start) put it, on the first line at the start side;
+    # on an edge too, which got the cue from the origin over its sync channel.
+    for f in inside:
+        assert f["placement"] == [{"line": 0, "snapToLines": True, "align": "start"}], f

@@ -101,6 +101,25 @@ async def post_cue(http: aiohttp.ClientSession, base: str, stream: str, cue_id: 
         assert resp.status in (200, 201), await resp.text()
 
 
+PLACED_SETTINGS = "line:0 position:20%,line-left align:start"
+
+
+def vtt_time(seconds: float) -> str:
+    ms = round(seconds * 1000)
+    return f"{ms // 3_600_000:02d}:{ms // 60_000 % 60:02d}:{ms // 1000 % 60:02d}.{ms % 1000:03d}"
+
+
+async def post_placed_cue(http: aiohttp.ClientSession, base: str, stream: str, epoch_ns: int,
+                          after_ns: int) -> None:
+    """A WebVTT cue with settings, 0.5 s after house time ``after_ns`` on the stream timeline."""
+    start = (after_ns - epoch_ns) / 1e9 + 0.5
+    body = f"WEBVTT\n\nplaced\n{vtt_time(start)} --> {vtt_time(start + 1)} {PLACED_SETTINGS}\n" \
+        "top left\n"
+    async with http.post(f"{base}/api/streams/{stream}/captions?lang=en", data=body.encode(),
+                         headers={"Content-Type": "text/vtt"}) as resp:
+        assert resp.status in (200, 201), await resp.text()
+
+
 async def stream_status(http: aiohttp.ClientSession, base: str, stream: str) -> dict[str, Any]:
     async with http.get(f"{base}/api/streams/{stream}") as resp:
         assert resp.status == 200, await resp.text()
@@ -193,6 +212,23 @@ async def test_edge_viewer_gets_origin_capture_times_and_captions(
             origin_cues = {c["id"]: (c["start"], c["end"]) for c in origin_doc["cues"]}
             edge_cues_http = {c["id"]: (c["start"], c["end"]) for c in edge_doc["cues"]}
             assert edge_cues_http == origin_cues
+
+            # A cue its producer placed (WebVTT cue settings) is placed the same on the edge:
+            # pushed to the edge's viewer with its settings, stored and served with them.
+            await post_placed_cue(http, origin.base, stream, origin_doc["epoch_ns"], cues[-1][1])
+            await wait_for(lambda: any(isinstance(c, Cue) and c.id == "placed"
+                                       for c in records.controls), 5, "the placed cue pushed")
+            pushed = [c for c in records.controls if isinstance(c, Cue) and c.id == "placed"]
+            assert pushed[-1].settings == PLACED_SETTINGS
+            async with http.get(f"{edge.base}/api/streams/{stream}/captions") as resp:
+                placed = [c for c in (await resp.json())["cues"] if c["id"] == "placed"]
+            assert placed and placed[0]["settings"] == PLACED_SETTINGS
+            # The cue lies in a chunk that has not closed yet; the window endpoint serves it now.
+            window = f"start={placed[0]['start'] - 1}&end={placed[0]['end'] + 1}"
+            async with http.get(f"{edge.base}/captions/{stream}/en.vtt?{window}") as resp:
+                assert resp.status == 200, await resp.text()
+                assert f" --> {vtt_time(placed[0]['end'])} {PLACED_SETTINGS}\n" \
+                    in await resp.text()
 
             # Caption error on the edge viewer's frames: decode frames across the cues.
             more = await decoded_frames(viewer, 110)

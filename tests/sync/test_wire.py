@@ -121,6 +121,24 @@ def test_float_fields_accept_integers_from_js_peers() -> None:
     assert msg == ControlMessage(Cue("s", "en", "1", 3.0, 4.0, "", False))
 
 
+def test_cue_settings_are_optional_both_ways() -> None:
+    """A cue without settings is the bytes an older peer sends and reads; one with settings
+    names them, and an older peer (which ignores unknown keys) still gets the cue."""
+    import msgpack
+
+    plain = ControlMessage(Cue("s", "en", "1", 3.0, 4.0, "hi", True)).serialize()
+    assert "settings" not in msgpack.unpackb(plain[2:])
+    placed = ControlMessage(Cue("s", "en", "1", 3.0, 4.0, "hi", True, "line:0")).serialize()
+    assert msgpack.unpackb(placed[2:])["settings"] == "line:0"
+    assert parse_message(placed) == ControlMessage(Cue("s", "en", "1", 3.0, 4.0, "hi", True,
+                                                       "line:0"))
+    bad = b"\x01\x02" + msgpack.packb({"type": "cue", "stream": "s", "lang": "en", "id": "1",
+                                        "start": 3, "end": 4, "text": "", "final": False,
+                                        "settings": 5})
+    with pytest.raises(SyncWireError, match="settings must be str"):
+        parse_message(bad)
+
+
 # --- generated input ------------------------------------------------------------------------
 
 u8 = st.integers(0, 255)
@@ -140,7 +158,7 @@ finite = st.floats(allow_nan=False, allow_infinity=False)
 controls = st.one_of(
     st.builds(Epoch, stream=st.text(), epoch_ns=st.integers(0, (1 << 64) - 1)),
     st.builds(Cue, stream=st.text(), lang=st.text(), id=st.text(), start=finite, end=finite,
-              text=st.text(), final=st.booleans()),
+              text=st.text(), final=st.booleans(), settings=st.text()),
     st.builds(wire.ClockReport, offset_ns=st.integers(-(1 << 63), (1 << 63) - 1),
               error_ns=st.integers(0, 1 << 40), rtt_ns=st.integers(0, 1 << 40)),
 )

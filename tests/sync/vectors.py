@@ -45,12 +45,12 @@ _SOURCES = {v: k for k, v in _SOURCE_NAMES.items()}
 
 def control_to_json(msg: wire.Control) -> dict[str, Any]:
     # Only the schema's integer fields become strings; an unknown type's map stays as sent.
-    schema = dict(wire._SCHEMAS.get(msg.type, []))
+    schema = {name: kind for name, kind, _ in wire._SCHEMAS.get(msg.type, [])}
     return {k: str(v) if schema.get(k) is int else v for k, v in wire.control_to_map(msg).items()}
 
 
 def control_from_json(obj: dict[str, Any]) -> wire.Control:
-    schema = dict(wire._SCHEMAS.get(obj["type"], []))
+    schema = {name: kind for name, kind, _ in wire._SCHEMAS.get(obj["type"], [])}
     return wire.control_from_map(
         {k: int(v) if schema.get(k) is int else v for k, v in obj.items()}
     )
@@ -158,6 +158,8 @@ def _valid() -> list[tuple[str, wire.Message]]:
         ("control epoch", ControlMessage(Epoch("demo", T0))),
         ("control cue interim, integral times", ControlMessage(
             Cue("demo", "de", "7", 3.0, 4.0, "", False))),
+        ("control cue with settings", ControlMessage(
+            Cue("demo", "en", "c-18", 20.0, 21.5, "top left", True, "line:0 align:start"))),
         ("control cue retract", ControlMessage(CueRetract("demo", "en", "c-16"))),
         ("control clock_req", ControlMessage(ClockReq(T0))),
         ("control clock_resp", ControlMessage(ClockResp(T0, T0 + 150_000, T0 + 190_000))),

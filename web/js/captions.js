@@ -4,7 +4,7 @@
 
 export class CueBook {
   constructor() {
-    this.cues = new Map(); // id -> {id, start, end, text, final, lang}
+    this.cues = new Map(); // id -> {id, start, end, text, final, lang, settings}
     this.epochNs = null; // BigInt house ns of stream time 0
   }
 
@@ -23,7 +23,7 @@ export class CueBook {
         if (!(msg.end > msg.start)) return false;
         this.cues.set(msg.id, {
           id: msg.id, start: Number(msg.start), end: Number(msg.end), text: msg.text,
-          final: msg.final !== false, lang: msg.lang,
+          final: msg.final !== false, lang: msg.lang, settings: msg.settings ?? "",
         });
         return true;
       }

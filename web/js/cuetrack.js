@@ -37,8 +37,48 @@ export function placedWell(vtt, shouldBeActive, ended, t, guardS = GUARD_S) {
   return vtt.startTime - t >= guardS / 2;
 }
 
+// A WebVTT cue settings list ("line:10% position:20%,line-left align:start") as VTTCue
+// properties, parsed as WebVTT does: an unknown setting or a bad value is skipped, the rest apply.
+export function cueSettings(text) {
+  const out = {};
+  const pct = (v) => (/^\d+(\.\d+)?%$/.test(v) ? Number(v.slice(0, -1)) : null);
+  for (const token of (text ?? "").split(/[ \t\n]+/)) {
+    const colon = token.indexOf(":");
+    if (colon <= 0 || colon === token.length - 1) continue;
+    const name = token.slice(0, colon);
+    const value = token.slice(colon + 1);
+    if (name === "vertical" && (value === "rl" || value === "lr")) out.vertical = value;
+    else if (name === "line") {
+      const [pos, align] = value.split(",");
+      if (align !== undefined && !["start", "center", "end"].includes(align)) continue;
+      const percent = pct(pos);
+      if (percent !== null && percent <= 100) {
+        out.line = percent;
+        out.snapToLines = false;
+      } else if (/^-?\d+(\.\d+)?$/.test(pos)) {
+        out.line = Number(pos);
+        out.snapToLines = true;
+      } else continue;
+      out.lineAlign = align ?? "start";
+    } else if (name === "position") {
+      const [pos, align] = value.split(",");
+      const percent = pct(pos);
+      if (percent === null || percent > 100) continue;
+      if (align !== undefined && !["line-left", "center", "line-right"].includes(align)) continue;
+      out.position = percent;
+      out.positionAlign = align ?? "auto";
+    } else if (name === "size") {
+      const percent = pct(value);
+      if (percent !== null && percent <= 100) out.size = percent;
+    } else if (name === "align" && ["start", "center", "end", "left", "right"].includes(value)) {
+      out.align = value;
+    }
+  }
+  return out;
+}
+
 // The VTTCues of one TextTrack, kept in step with a set of stream-time cues ({id, start, end,
-// text}, seconds) and the frame being presented.
+// text, settings}, seconds) and the frame being presented.
 export class FrameCues {
   constructor(track, { makeCue = (start, end, text) => new VTTCue(start, end, text) } = {}) {
     this.track = track;
@@ -57,7 +97,9 @@ export class FrameCues {
   // being presented; `force` after the cue itself changed.
   sync(id, cue, force = false) {
     const existing = this.vtt.get(id);
-    if (cue === undefined || (existing !== undefined && existing.text !== cue.text)) {
+    const changed = existing !== undefined && cue !== undefined
+      && (existing.text !== cue.text || existing.sidecarSettings !== (cue.settings ?? ""));
+    if (cue === undefined || changed) {
       if (existing !== undefined) {
         this.track.removeCue(existing);
         this.vtt.delete(id);
@@ -71,6 +113,9 @@ export class FrameCues {
     if (vtt === undefined) {
       const added = this.makeCue(start, end, cue.text);
       added.id = id;
+      // Placed where the producer asked (line, position, size, align), as a WebVTT file would.
+      added.sidecarSettings = cue.settings ?? "";
+      Object.assign(added, cueSettings(added.sidecarSettings));
       this.track.addCue(added);
       this.vtt.set(id, added);
       return;

@@ -24,11 +24,13 @@ export class SyncWireError extends Error {
   }
 }
 
-// Control schemas, field order = serialisation order after "type" (as in wire.py).
+// Control schemas, field order = serialisation order after "type" (as in wire.py). A third
+// element is the default of an optional field (added by a later version): left out when sent at
+// its default, and absent from a decoded message that did not carry it.
 export const CONTROL_SCHEMAS = Object.freeze({
   epoch: [["stream", "str"], ["epoch_ns", "int"]],
   cue: [["stream", "str"], ["lang", "str"], ["id", "str"], ["start", "float"], ["end", "float"],
-    ["text", "str"], ["final", "bool"]],
+    ["text", "str"], ["final", "bool"], ["settings", "str", ""]],
   cue_retract: [["stream", "str"], ["lang", "str"], ["id", "str"]],
   clock_req: [["t1", "int"]],
   clock_resp: [["t1", "int"], ["t2", "int"], ["t3", "int"]],
@@ -78,8 +80,11 @@ export function controlFromMap(obj) {
   const schema = CONTROL_SCHEMAS[obj.type];
   if (!Object.hasOwn(CONTROL_SCHEMAS, obj.type)) return { ...obj };
   const out = { type: obj.type };
-  for (const [name, kind] of schema) {
-    if (!Object.hasOwn(obj, name)) throw new SyncWireError("bad_control", `${obj.type} without '${name}'`);
+  for (const [name, kind, ...optional] of schema) {
+    if (!Object.hasOwn(obj, name)) {
+      if (optional.length > 0) continue;
+      throw new SyncWireError("bad_control", `${obj.type} without '${name}'`);
+    }
     out[name] = checkField(kind, obj[name], name);
   }
   return out;
@@ -88,8 +93,9 @@ export function controlFromMap(obj) {
 export function packControl(msg) {
   if (!Object.hasOwn(CONTROL_SCHEMAS, msg.type)) return mpEncode(msg);
   const ordered = new Map([["type", msg.type]]);
-  for (const [name, kind] of CONTROL_SCHEMAS[msg.type]) {
+  for (const [name, kind, ...optional] of CONTROL_SCHEMAS[msg.type]) {
     const v = msg[name];
+    if (optional.length > 0 && (v === undefined || v === optional[0])) continue;
     if (kind === "float") ordered.set(name, f64(Number(v)));
     else if (kind === "int") ordered.set(name, BigInt(v));
     else ordered.set(name, v);
@@ -375,6 +381,15 @@ export class SyncState {
       } else controls.push(rec.message);
     }
     return controls;
+  }
+
+  // A new connection: its records start over (track indexes and batch sequence are per
+  // connection), so nothing of the old one may map the new one's frames. Counters go on.
+  restart() {
+    this.anchors.clear();
+    this.current.clear();
+    this.frames.clear();
+    this.lastSeq = null;
   }
 
   captureOf(track, rtpTs) {

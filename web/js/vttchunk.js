@@ -50,11 +50,12 @@ export function parseChunk(text, nearS = 0) {
     if (at < 0 || at > 1) continue; // NOTE, STYLE, REGION blocks and stray text
     const [from, rest] = lines[at].split("-->");
     const start = parseTimestamp(from) + offset;
-    const end = parseTimestamp(rest.trim().split(/[ \t]/)[0]) + offset;
+    const [endText, ...settings] = rest.trim().split(/[ \t]+/);
+    const end = parseTimestamp(endText) + offset;
     if (!(end > start)) continue;
     const cueText = lines.slice(at + 1).join("\n");
     const id = at === 1 ? lines[0] : `${start.toFixed(3)}-${end.toFixed(3)}-${cueText}`;
-    cues.push({ id, start: round3(start), end: round3(end), text: cueText });
+    cues.push({ id, start: round3(start), end: round3(end), text: cueText, settings: settings.join(" ") });
   }
   return { offset, cues };
 }
@@ -71,7 +72,7 @@ export class ChunkedCues {
     this.fromChunk = new Map(); // n -> Set of ids the last copy of chunk n held
   }
 
-  // Returns {added, removed} ids; `added` includes cues whose times or text changed.
+  // Returns {added, removed} ids; `added` includes cues whose times, text or settings changed.
   merge(n, cues) {
     const added = [];
     const removed = [];
@@ -79,7 +80,8 @@ export class ChunkedCues {
     for (const cue of cues) {
       now.add(cue.id);
       const old = this.cues.get(cue.id);
-      if (old === undefined || old.start !== cue.start || old.end !== cue.end || old.text !== cue.text) {
+      if (old === undefined || old.start !== cue.start || old.end !== cue.end || old.text !== cue.text
+        || old.settings !== cue.settings) {
         this.cues.set(cue.id, cue);
         added.push(cue.id);
       }

@@ -16,6 +16,14 @@ test("a cue shows exactly while frames captured in its interval show", () => {
   assert.deepEqual(at(3.0).map((c) => c.id), []); // end is exclusive
 });
 
+test("a cue keeps the settings the relay sent, none when it sent none", () => {
+  const book = new CueBook();
+  book.apply({ type: "cue", id: "a", start: 1, end: 2, text: "x", settings: "line:0" });
+  book.apply({ type: "cue", id: "b", start: 1, end: 2, text: "y" });
+  assert.equal(book.cues.get("a").settings, "line:0");
+  assert.equal(book.cues.get("b").settings, "");
+});
+
 test("updates replace by id, retractions remove, order is by start", () => {
   const book = new CueBook();
   book.setEpoch(0n);

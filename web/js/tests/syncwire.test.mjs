@@ -127,6 +127,21 @@ test("viewer state resolves frames, interpolates, counts lost batches and unknow
   assert.equal(state.lostBatches, 1);
 });
 
+test("after a restart (a new connection) nothing of the old records maps, counters go on", () => {
+  const vec = VALID.find((v) => v.frames);
+  const msg = parseMessage(unhex(vec.hex));
+  const state = new SyncState();
+  state.ingest({ kind: "batch", seq: 65533, records: [] });
+  state.ingest(msg);
+  state.restart();
+  assert.equal(state.captureOf(0, vec.frames[0].rtp_ts), null);
+  assert.equal(state.current.size, 0);
+  // The new connection's batches count from its own first one, not the old sequence.
+  state.ingest({ kind: "batch", seq: 7, records: msg.records });
+  assert.equal(state.lostBatches, 1);
+  assert.equal(state.captureOf(0, vec.frames[0].rtp_ts), BigInt(vec.frames[0].capture_ns));
+});
+
 test("anchor interpolation matches the shared predict vectors to the nanosecond", () => {
   const cases = load("sync_predict.json");
   assert.ok(cases.length >= 50);

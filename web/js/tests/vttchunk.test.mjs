@@ -29,9 +29,19 @@ test("a chunk with the identity map: cue times are stream times, ids kept", () =
   const { offset, cues } = parseChunk(CHUNK, 6);
   assert.equal(offset, 0);
   assert.deepEqual(cues, [
-    { id: "c1", start: 5.5, end: 7, text: "hello\nworld" },
-    { id: "c2", start: 7.25, end: 8, text: "again" },
+    { id: "c1", start: 5.5, end: 7, text: "hello\nworld", settings: "line:90%" },
+    { id: "c2", start: 7.25, end: 8, text: "again", settings: "" },
   ]);
+});
+
+test("cue settings after the end time are kept, and a change of them is a change of the cue", () => {
+  const placed = CHUNK.replace("00:00:07.000 line:90%", "00:00:07.000 line:0  align:start");
+  const { cues } = parseChunk(placed, 6);
+  assert.equal(cues[0].settings, "line:0 align:start");
+  assert.equal(cues[0].end, 7);
+  const chunked = new ChunkedCues();
+  chunked.merge(0, parseChunk(CHUNK, 6).cues);
+  assert.deepEqual(chunked.merge(0, cues).added, ["c1"]);
 });
 
 test("a map to other media times moves the cues", () => {
@@ -56,7 +66,7 @@ test("not WebVTT, or a map without its fields, is an error", () => {
 
 test("cues without ids get one from times and text; NOTE blocks are skipped", () => {
   const { cues } = parseChunk("WEBVTT\n\nNOTE a note\n\n00:00:01.000 --> 00:00:02.000\nx\n");
-  assert.deepEqual(cues, [{ id: "1.000-2.000-x", start: 1, end: 2, text: "x" }]);
+  assert.deepEqual(cues, [{ id: "1.000-2.000-x", start: 1, end: 2, text: "x", settings: "" }]);
 });
 
 test("merging: a newer copy of a chunk retracts what it no longer holds", () => {

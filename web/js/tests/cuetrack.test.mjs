@@ -1,0 +1,59 @@
+// Cues on a text track: where a cue sits for a presented frame, and where on the video a
+// producer's cue settings put it.
+import assert from "node:assert/strict";
+import { test } from "node:test";
+
+import { cueSettings, FrameCues } from "../cuetrack.js";
+
+test("cue settings become VTTCue properties as WebVTT parses them", () => {
+  assert.deepEqual(cueSettings(""), {});
+  assert.deepEqual(cueSettings("line:0 align:start"),
+    { line: 0, snapToLines: true, lineAlign: "start", align: "start" });
+  assert.deepEqual(cueSettings("line:-2,end position:20%,line-left size:50% vertical:rl"), {
+    line: -2, snapToLines: true, lineAlign: "end", position: 20, positionAlign: "line-left",
+    size: 50, vertical: "rl",
+  });
+  assert.deepEqual(cueSettings("line:10.5%"), { line: 10.5, snapToLines: false, lineAlign: "start" });
+  // Bad values and unknown settings are skipped; the good ones around them still apply.
+  assert.deepEqual(cueSettings("line:abc position:120% size:x align:middle region:r1 size:30%"),
+    { size: 30 });
+});
+
+// A track and cues as the browser has them, enough for FrameCues.
+class Track {
+  constructor() {
+    this.cues = new Set();
+  }
+
+  addCue(c) {
+    this.cues.add(c);
+  }
+
+  removeCue(c) {
+    this.cues.delete(c);
+  }
+}
+const makeCue = (startTime, endTime, text) => ({ startTime, endTime, text });
+
+test("a cue is placed with its settings, and new settings replace the VTTCue", () => {
+  const track = new Track();
+  const placer = new FrameCues(track, { makeCue });
+  placer.place(10, 100);
+  placer.sync("a", { id: "a", start: 9.5, end: 11, text: "hi", settings: "line:0 align:start" });
+  const [first] = track.cues;
+  assert.equal(first.line, 0);
+  assert.equal(first.align, "start");
+  assert.equal(first.startTime, 99.5);
+  placer.sync("a", { id: "a", start: 9.5, end: 11, text: "hi", settings: "line:90%" }, true);
+  const [second] = track.cues;
+  assert.notEqual(second, first);
+  assert.equal(track.cues.size, 1);
+  assert.equal(second.line, 90);
+  assert.equal(second.snapToLines, false);
+  assert.equal(second.align, undefined); // the default the browser's VTTCue keeps
+  // The same cue without settings (an older relay) is a change too, to the defaults.
+  placer.sync("a", { id: "a", start: 9.5, end: 11, text: "hi" }, true);
+  const [third] = track.cues;
+  assert.notEqual(third, second);
+  assert.equal(third.line, undefined);
+});
