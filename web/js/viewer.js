@@ -16,7 +16,7 @@ const mode = params.get("mode") === "mse" ? "mse" : "webrtc";
 const sync = new SyncState();
 const book = new CueBook();
 const video = document.getElementById("video");
-const stats = { presented: 0, mapped: 0, badMessages: 0 };
+const stats = { presented: 0, mapped: 0, badMessages: 0, reconnects: 0 };
 const TELEMETRY_INTERVAL_MS = 10000; // a few reports a minute: proto/sync.md "telemetry"
 // Playout reports feed the operator dashboard, which shows one point a second.
 const PLAYOUT_INTERVAL_MS = 2000;
@@ -182,38 +182,88 @@ function videoTransceiverMid() {
   return t?.mid ?? null;
 }
 
-async function start() {
+// A lost connection (the relay restarted, the worker serving it died, the network dropped) or
+// a stream not published yet is tried again, 0.5 s doubling to 8 s, reset once connected. A
+// refusal that trying again cannot change (bad token, bad request) is shown and left.
+const RECONNECT_FIRST_MS = 500;
+const RECONNECT_MAX_MS = 8000;
+const FINAL_STATUSES = new Set([400, 401, 403, 413, 415, 422]);
+// Chromium says "disconnected" once ICE consent checks go unanswered for a few seconds; one
+// that lasts this much longer is a lost connection (a blip recovers well within it).
+const DISCONNECTED_GIVE_UP_MS = 3000;
+let reconnectDelayMs = RECONNECT_FIRST_MS;
+let reconnectTimer = null;
+
+function reconnectLater(why) {
+  if (reconnectTimer !== null) return;
+  const delay = reconnectDelayMs;
+  reconnectDelayMs = Math.min(2 * reconnectDelayMs, RECONNECT_MAX_MS);
+  ui.setStatus(`stream "${stream}": ${why}; trying again in ${(delay / 1000).toFixed(1)} s`, true);
+  reconnectTimer = setTimeout(() => {
+    reconnectTimer = null;
+    stats.reconnects++;
+    connect();
+  }, delay);
+}
+
+async function connect() {
+  const old = session;
+  session = null;
+  window.sfuViewer.session = null;
+  if (old !== null) old.close(); // not awaited: its server may be gone
+  sync.restart();
   ui.setStatus(`connecting to stream "${stream}"…`);
   const media = new MediaStream();
   video.srcObject = media;
+  let opened = null;
   try {
-    session = await connectWhep(`/whep/${encodeURIComponent(stream)}`, {
+    opened = await connectWhep(`/whep/${encodeURIComponent(stream)}`, {
       token,
       onTrack: (event) => media.addTrack(event.track),
       onSyncChannel: (channel) => {
         syncChannel = channel;
         channel.addEventListener("message", onSyncMessage);
-        channel.addEventListener("open", () => {
-          joinHouseClock();
-          setInterval(joinHouseClock, REJOIN_MS);
+        channel.addEventListener("open", joinHouseClock);
+        channel.addEventListener("close", () => {
+          if (opened !== null && session === opened) reconnectLater("sync channel closed");
         });
       },
     });
   } catch (err) {
-    ui.setStatus(String(err.message ?? err), true);
+    if (FINAL_STATUSES.has(err.status)) ui.setStatus(String(err.message ?? err), true);
+    else reconnectLater(String(err.message ?? err));
     return;
   }
-  window.sfuViewer.session = session;
-  session.pc.addEventListener("connectionstatechange", () => {
-    ui.setStatus(`stream "${stream}": ${session.pc.connectionState}`,
-      session.pc.connectionState === "failed");
+  session = opened;
+  window.sfuViewer.session = opened;
+  let giveUp = null;
+  opened.pc.addEventListener("connectionstatechange", () => {
+    if (session !== opened) return; // an old connection closing
+    const state = opened.pc.connectionState;
+    clearTimeout(giveUp);
+    if (state === "failed" || state === "closed") {
+      reconnectLater(`connection ${state}`);
+      return;
+    }
+    if (state === "connected") reconnectDelayMs = RECONNECT_FIRST_MS;
+    if (state === "disconnected") {
+      giveUp = setTimeout(() => {
+        if (session === opened) reconnectLater("connection lost");
+      }, DISCONNECTED_GIVE_UP_MS);
+    }
+    ui.setStatus(`stream "${stream}": ${state}`);
   });
+  video.play().catch(() => ui.setStatus("click the video to start playback"));
+}
+
+function start() {
   video.requestVideoFrameCallback(onFrame);
   window.sfuViewer.sendTelemetry = sendTelemetry;
   window.sfuViewer.sendPlayout = sendPlayout;
   setInterval(sendTelemetry, TELEMETRY_INTERVAL_MS);
   setInterval(sendPlayout, PLAYOUT_INTERVAL_MS);
-  video.play().catch(() => ui.setStatus("click the video to start playback"));
+  setInterval(joinHouseClock, REJOIN_MS);
+  connect();
 }
 
 // MSE mode: HTTP segments and caption chunks, no WebRTC (mse.js); the stats panel and

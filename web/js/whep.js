@@ -100,7 +100,7 @@ export async function connectWhep(endpoint, { token, onTrack, onSyncChannel, ice
     } catch (_) {
       // not JSON: keep the text
     }
-    throw new Error(`WHEP ${resp.status}: ${reason}`);
+    throw Object.assign(new Error(`WHEP ${resp.status}: ${reason}`), { status: resp.status });
   }
   const location = resp.headers.get("Location");
   await pc.setRemoteDescription({ type: "answer", sdp: body });
