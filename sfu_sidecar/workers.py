@@ -25,9 +25,14 @@ must be published again. Requests carry the client's address to the worker in a 
 supervisor can set (a random key per start, setting ``proxy_key``), so per-client limits and
 the this-host-only publishing rule see the real client, not the supervisor.
 
+With ``redis_url`` and ``advertise_url`` the machine is one node of a deployment: each worker
+lists the streams published on it in the Redis stream directory under the machine's
+``advertise_url``, and a stream's home worker that has no publisher finds the machine that has
+one there (its siblings still pull from it). Worker node ids are ``<node_id>-worker-<i>``,
+unique across machines.
+
 Not here: PTP (each worker would run its own slave on the same ports, so ``ptp_interface`` is
-refused with ``--workers``); the Redis stream directory across machines (workers use the
-supervisor's directory).
+refused with ``--workers``).
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import json
 import os
 import secrets
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +84,7 @@ class Worker:
     index: int
     port: int
     data_dir: Path
+    machine: str  # the node id of the whole (setting node_id, or one made per start)
     proc: asyncio.subprocess.Process | None = None
     restarts: int = 0
     alive: bool = False
@@ -89,7 +96,9 @@ class Worker:
 
     @property
     def node_id(self) -> str:
-        return f"worker-{self.index}"
+        # Unique across machines: a pull's path (Sidecar-Via) and the Redis directory name
+        # workers of several machines, and "worker-0" of two would look like one node.
+        return f"{self.machine}-worker-{self.index}"
 
 
 @dataclass
@@ -101,6 +110,8 @@ class Supervisor:
     workers: list[Worker] = field(default_factory=list)
     owners: dict[str, int] = field(default_factory=dict)  # resource path -> worker index
     directory_port: int = 0
+    # Room for "-worker-<i>" within the 64 characters a node id may have.
+    machine: str = ""
     _next_viewer: int = 0
     _http: aiohttp.ClientSession | None = None
     _stopping: bool = False
@@ -113,9 +124,10 @@ class Supervisor:
             "--host", "127.0.0.1", "--port", str(worker.port),
             "--data-dir", str(worker.data_dir), "--node-id", worker.node_id,
             "--directory-url", f"http://127.0.0.1:{self.directory_port}",
-            # Streams are found through the supervisor, not listed in Redis one by one; a
-            # stream's home worker pulls from origin_url when it has no publisher itself.
-            "--advertise-url", "",
+            # Other machines reach this one's streams through the supervisor's port: with
+            # redis_url, each worker lists the streams published on it under that address
+            # (unset, nothing is listed); siblings find each other through the supervisor.
+            "--advertise-url", self.settings.advertise_url or "",
         ]
 
     async def _spawn(self, worker: Worker) -> None:
@@ -163,9 +175,10 @@ class Supervisor:
                 delay = min(delay * 2, RESTART_MAX_S)
 
     async def start(self) -> None:
+        self.machine = (self.settings.node_id or uuid.uuid4().hex[:12])[:48]
         self._http = aiohttp.ClientSession(auto_decompress=False)
         self.workers = [
-            Worker(i, _free_port(), self.settings.data_dir / f"worker-{i}")
+            Worker(i, _free_port(), self.settings.data_dir / f"worker-{i}", self.machine)
             for i in range(self.count)
         ]
         await asyncio.gather(*(self._spawn(w) for w in self.workers))
@@ -266,9 +279,13 @@ class Supervisor:
                                  target: str) -> web.StreamResponse:
         assert self._http is not None
         try:
+            # The handshake is the proxy's own on each side: a client's Sec-WebSocket-* headers
+            # passed on would have the worker agree to an extension (permessage-deflate) that
+            # this end did not negotiate, and every compressed frame would then be refused.
+            headers = {k: v for k, v in self._headers(request).items()
+                       if not k.lower().startswith("sec-websocket-")}
             upstream = await self._http.ws_connect(
-                target.replace("http://", "ws://", 1), headers=self._headers(request),
-                max_msg_size=0,
+                target.replace("http://", "ws://", 1), headers=headers, max_msg_size=0,
             )
         except (aiohttp.ClientError, OSError) as exc:
             return _json(503, f"worker {worker.index} did not answer ({exc})",

@@ -126,8 +126,9 @@ def sidecar_command() -> list[str]:
 class ServerProcess:
     """``sfu-sidecar serve`` as a real subprocess on a free port."""
 
-    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
+    def __init__(self, args: list[str], env: dict[str, str] | None = None,
+                 port: int | None = None) -> None:
+        self.port = port or free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         full_env = {k: v for k, v in os.environ.items() if not k.startswith("SFU_SIDECAR_")}
         full_env.update(env or {})

@@ -206,6 +206,26 @@ async def test_the_supervisor_refuses_what_a_worker_would(supervisor: ServerProc
             assert resp.status == 400  # the worker's own reason, passed on
 
 
+async def test_websockets_pass_through_the_supervisor(supervisor: ServerProcess) -> None:
+    """The house clock's and the caption producer's WebSockets, with the clients' own
+    handshake (permessage-deflate offered), reach the workers through the one port: an edge or
+    a machine pulling from this one joins its clock this way."""
+    from sfu_sidecar.client.captions import CaptionPublisher
+    from sfu_sidecar.client.clock import join_clock
+
+    for encoding in ("msgpack", "json"):
+        clock = await join_clock(supervisor.base, encoding=encoding)
+        # Supervisor and workers read this host's clock: the true offset is 0.
+        assert abs(clock.offset_ns) <= clock.error_ns, clock
+    stream = "wsthrough"
+    async with CaptionPublisher(supervisor.base, stream) as pub:
+        assert await pub.send("en", [{"id": "c1", "start": 0.0, "end": 1.0,
+                                      "text": "through"}]) == ["c1"]
+    async with aiohttp.ClientSession() as http:
+        doc = await get_json(http, f"{supervisor.base}/api/streams/{stream}/captions")
+    assert [c["text"] for c in doc["cues"]] == ["through"]
+
+
 async def test_workers_as_an_edge_pull_through_their_home_worker(tmp_path: Path) -> None:
     from tests.relay.test_cascade import Node
 
@@ -244,3 +264,67 @@ async def test_workers_as_an_edge_pull_through_their_home_worker(tmp_path: Path)
             await publisher.close()
         edge.stop()
         origin.stop()
+
+
+@pytest.mark.needs("redis-server")
+async def test_two_worker_machines_share_their_streams_through_redis(tmp_path: Path) -> None:
+    """Two ``serve --workers 2`` machines on one Redis: a stream published on machine A is
+    listed under A's address by its home worker; both of B's workers serve it, B's home worker
+    pulling from A (found in Redis) and its sibling from B's home worker, all exact."""
+    from tests.captions.test_caption_redis import RedisServer
+    from tests.conftest import free_port
+    from tests.relay.test_directory import entry
+
+    redis_server = RedisServer(tmp_path / "redis")
+    machines = []
+    for name in ("a", "b"):
+        port = free_port()
+        machines.append(ServerProcess(
+            ["--workers", "2", "--data-dir", str(tmp_path / name), "--node-id", name,
+             "--redis-url", redis_server.url, "--advertise-url", f"http://127.0.0.1:{port}",
+             "--ice-addresses", "127.0.0.1", "--max-cpu-percent", "1000",
+             "--log-level", "warning"], port=port))
+    a, b = machines
+    stream = "wide"
+    home = home_index(stream, 2)
+    publisher = None
+    try:
+        for machine in machines:
+            machine.wait_ready(30)
+        publisher, video, _ = await start_publisher(a.base, stream, stamp=True)
+        await wait_for(lambda: entry(redis_server, stream) is not None, 5, "A listing it")
+        assert entry(redis_server, stream) == {"node": f"a-worker-{home}", "url": a.base}
+        async with aiohttp.ClientSession() as http:
+            viewers, all_records = [], []
+            for _ in range(2):  # one on each of B's workers
+                viewers.append(await view(http, b.base, stream, data_channel="sync"))
+                all_records.append(collect(viewers[-1]))
+            try:
+                workers = (await get_json(http, f"{b.base}/api/workers"))["workers"]
+                # Each of B's workers has a viewer; the home one also its sibling's pull.
+                counts = {w["index"]: w["viewers"] for w in workers}
+                assert counts == {home: 2, 1 - home: 1}, workers
+                for viewer, records in zip(viewers, all_records, strict=True):
+                    frames = await decoded_frames(viewer, 40)
+                    track = records.track_for(_mid(viewer, "video"))
+                    await wait_for(lambda r=records, t=track, f=frames:
+                                   r.frame(t, f[-1][1]) is not None, 3, "records")
+                    mapped = [(n, ts) for n, ts in frames if records.frame(track, ts)]
+                    errors, _, estimated = capture_errors(records, viewer, video, mapped)
+                    assert len(errors) >= 20 and estimated == 0, (len(errors), estimated)
+                    assert max(errors) <= 1_000_000, sorted(errors)[-3:]
+                doc = await get_json(http, f"{b.base}/workers/{home}/api/streams/{stream}")
+                assert doc["publisher"]["upstream"] == f"{a.base}/whep/{stream}"
+                # B pulls; it lists nothing of its own.
+                assert entry(redis_server, stream) == {"node": f"a-worker-{home}",
+                                                       "url": a.base}
+            finally:
+                for viewer in viewers:
+                    await viewer.close()
+    finally:
+        if publisher is not None:
+            await publisher.close()
+        for machine in machines:
+            machine.stop()
+        redis_server.kill()
+

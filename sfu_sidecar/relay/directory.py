@@ -3,7 +3,8 @@
 Two kinds answer :class:`Directory`: the Redis one shared by the nodes of a deployment
 (``relay/redis_directory.py``, settings ``redis_url`` and ``advertise_url``), and the HTTP one a
 ``serve --workers`` supervisor keeps for its workers (:class:`HttpDirectory`, setting
-``directory_url``).
+``directory_url``). A worker of a machine that is one node of a deployment asks both, in that
+order (:class:`MachineThenShared`).
 """
 
 from __future__ import annotations
@@ -48,3 +49,20 @@ class HttpDirectory:
                 TypeError) as exc:
             log.warning("directory %s: lookup of %s failed: %s", self.url, stream, exc)
             return None
+
+
+class MachineThenShared:
+    """A worker's directory when its machine is one node of a deployment: the supervisor names
+    the stream's home worker on this machine; the home worker itself (no publisher here, or it
+    would not ask) looks in the shared directory for the machine that has one."""
+
+    def __init__(self, machine: Directory, shared: Directory, node_id: str) -> None:
+        self.machine = machine
+        self.shared = shared
+        self.node_id = node_id
+
+    async def lookup(self, stream: str) -> tuple[str, str] | None:
+        entry = await self.machine.lookup(stream)
+        if entry is not None and entry[0] != self.node_id:
+            return entry
+        return await self.shared.lookup(stream)

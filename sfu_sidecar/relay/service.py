@@ -18,7 +18,7 @@ from sfu_sidecar.limits import CpuMonitor, MessageLimiter
 from sfu_sidecar.metrics import NAMESPACE, Metrics
 from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay.cascade import Cascade
-from sfu_sidecar.relay.directory import Directory, HttpDirectory
+from sfu_sidecar.relay.directory import Directory, HttpDirectory, MachineThenShared
 from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.pull import PullSession, Upstream
@@ -100,8 +100,10 @@ class RelayService:
             )
             self.observers.append(self.directory)
         lookup: Directory | None = self.directory
-        if settings.directory_url is not None:
-            lookup = HttpDirectory(settings.directory_url)  # a worker of serve --workers
+        if settings.directory_url is not None:  # a worker of serve --workers
+            machine = HttpDirectory(settings.directory_url)
+            lookup = machine if self.directory is None \
+                else MachineThenShared(machine, self.directory, self.node_id)
         if settings.origin_url is not None or lookup is not None:
             self.cascade = Cascade(
                 node_id=self.node_id, origin_url=settings.origin_url,
