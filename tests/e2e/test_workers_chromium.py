@@ -1,5 +1,6 @@
 """The viewer page reconnects by itself when the worker serving it dies, and maps frames and
-shows captions exactly again (``serve --workers 2``, headless Chromium)."""
+shows captions exactly again, and stays on its session while the video only pauses
+(``serve --workers 2``, headless Chromium)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,14 @@ def test_the_viewer_page_reconnects_after_its_worker_is_killed() -> None:
     after = result["workers_after"][killed]
     assert after["alive"] and after["restarts"] == before["restarts"] + 1, result["workers_after"]
     assert after["pid"] != before["pid"]
+
+    # The publisher's video stopped for a while: the page asked whether its session was still
+    # there, was told it was, and stayed on it (no reconnection, the same resource).
+    pause = result["pause"]
+    assert pause["stats"]["sessionChecks"] >= 1 and pause["stats"]["reconnects"] == 0, pause
+    assert pause["resource"] == result["page_resource"], pause
+    print(f"\nvideo stopped {pause['seconds']:.0f} s: {pause['stats']['sessionChecks']} session "
+          "check(s), the page stayed on its session")
 
     stats = result["stats"]
     assert stats["reconnects"] >= 1, (stats, result["status_text"])

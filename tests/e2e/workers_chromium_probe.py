@@ -3,7 +3,8 @@ serving it killed.
 
 The synthetic publisher publishes through the supervisor's one port (its stream's home worker
 takes it); the page's offer lands on the other worker, which pulls the stream over loopback.
-Once the page maps frames, that worker is SIGKILLed. The supervisor starts it again; the page
+Once the page maps frames, the publisher's video stops for a while (the page must stay on its
+session), then that worker is SIGKILLed. The supervisor starts it again; the page
 must notice the lost connection by itself, connect again and map frames to their true capture
 times as before, with a caption posted after the reconnection on exactly its frames. Prints one
 JSON line: the frames the page presented (with the wall-clock ms of each), when the worker was
@@ -23,6 +24,8 @@ import time
 import urllib.request
 from typing import Any
 
+from aiortc import MediaStreamTrack
+
 from sfu_sidecar.client.whip import publish
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from sfu_sidecar.workers import home_index
@@ -35,6 +38,25 @@ from tests.e2e.sync_viewer_probe import CUE_SETTINGS, RECORD_JS
 STREAM = next(f"wk-{i}" for i in range(100) if home_index(f"wk-{i}", 2) == 1)
 CUE_TEXT = "after the reconnection"
 FRAMES_AFTER = 60  # mapped frames captured after the kill, before the caption is posted
+PAUSE_S = 4.0  # the publisher's video stops this long (longer than the page's stall check)
+
+
+class GatedVideo(MediaStreamTrack):
+    """The publisher's video with a gate: while closed, frames are made (and logged) but not
+    sent, as when a publisher's camera stops while its session stays up."""
+
+    kind = "video"
+
+    def __init__(self, inner: FlashVideoTrack) -> None:
+        super().__init__()
+        self.inner = inner
+        self.paused_until_ns = 0
+
+    async def recv(self) -> Any:
+        frame = await self.inner.recv()
+        while time.time_ns() < self.paused_until_ns:
+            frame = await self.inner.recv()
+        return frame
 
 
 class Publisher(LoopThread):
@@ -44,13 +66,15 @@ class Publisher(LoopThread):
         super().__init__()
         self.base = base
         self.video: FlashVideoTrack | None = None
+        self.gate: GatedVideo | None = None
         self.joined: Any = None
 
     async def _start(self) -> None:
         timeline = Timeline.starting_now(time.time_ns)
         self.video = FlashVideoTrack(timeline)
+        self.gate = GatedVideo(self.video)
         self.session = await publish(
-            f"{self.base}/whip/{STREAM}", [BeepAudioTrack(timeline), self.video],
+            f"{self.base}/whip/{STREAM}", [BeepAudioTrack(timeline), self.gate],
             capture_start_ns=timeline.start_house_ns, ice_addresses=("127.0.0.1",),
         )
         self.joined = await self.session.joined()
@@ -125,6 +149,18 @@ def main() -> None:
                 page.wait_for_function(f"() => ({mapped_js})('0') >= 30", timeout=20000)
                 resource = page.evaluate("() => window.sfuViewer.session.resourceUrl")
                 result["page_worker"] = page_worker(server.base, resource)
+                result["page_resource"] = resource
+                # The publisher's video stops for PAUSE_S (audio and session go on): the page
+                # asks whether its session is still there and, told it is, stays on it.
+                assert publisher.gate is not None
+                paused_ns = time.time_ns()
+                publisher.gate.paused_until_ns = paused_ns + int(PAUSE_S * 1e9)
+                page.wait_for_function(f"() => ({mapped_js})('{paused_ns}') >= 20",
+                                       timeout=20000, polling=200)
+                result["pause"] = {"start_ns": paused_ns, "seconds": PAUSE_S,
+                                   "stats": page.evaluate("() => ({...window.sfuViewer.stats})"),
+                                   "resource": page.evaluate(
+                                       "() => window.sfuViewer.session.resourceUrl")}
                 result["workers_before"] = get_json(f"{server.base}/api/workers")["workers"]
                 killed = result["workers_before"][result["page_worker"] or 0]
                 result["kill_ns"] = kill_ns = time.time_ns()

@@ -16,7 +16,7 @@ const mode = params.get("mode") === "mse" ? "mse" : "webrtc";
 const sync = new SyncState();
 const book = new CueBook();
 const video = document.getElementById("video");
-const stats = { presented: 0, mapped: 0, badMessages: 0, reconnects: 0 };
+const stats = { presented: 0, mapped: 0, badMessages: 0, reconnects: 0, sessionChecks: 0 };
 const TELEMETRY_INTERVAL_MS = 10000; // a few reports a minute: proto/sync.md "telemetry"
 // Playout reports feed the operator dashboard, which shows one point a second.
 const PLAYOUT_INTERVAL_MS = 2000;
@@ -135,6 +135,7 @@ function showCues(streamS) {
 
 function onFrame(now, meta) {
   stats.presented++;
+  lastFrameMs = performance.now();
   const mid = videoTransceiverMid();
   const track = mid === null ? null : trackIndexForMid(mid);
   const captureNs = track === null || meta.rtpTimestamp === undefined
@@ -191,8 +192,33 @@ const FINAL_STATUSES = new Set([400, 401, 403, 413, 415, 422]);
 // Chromium says "disconnected" once ICE consent checks go unanswered for a few seconds; one
 // that lasts this much longer is a lost connection (a blip recovers well within it).
 const DISCONNECTED_GIVE_UP_MS = 3000;
+// Video that stops for this long makes the page ask the server whether it still holds the
+// session (WhepSession.exists): a restarted server or a dead worker answers 404 at once, while
+// Chromium takes several seconds to call the silent connection "disconnected". A publisher
+// that pauses leaves the session in place (answered 204), so nothing else happens.
+const STALL_CHECK_MS = 2000;
 let reconnectDelayMs = RECONNECT_FIRST_MS;
 let reconnectTimer = null;
+let lastFrameMs = performance.now();
+let lastCheckMs = 0;
+
+async function checkSession(why) {
+  const checked = session;
+  if (checked === null) return;
+  lastCheckMs = performance.now();
+  stats.sessionChecks++;
+  if ((await checked.exists()) === false && session === checked) {
+    reconnectLater(`${why}; the server no longer has this session`);
+  }
+}
+
+function watchStall() {
+  const now = performance.now();
+  if (session === null || reconnectTimer !== null) return;
+  if (now - lastFrameMs >= STALL_CHECK_MS && now - lastCheckMs >= STALL_CHECK_MS) {
+    checkSession("no video");
+  }
+}
 
 function reconnectLater(why) {
   if (reconnectTimer !== null) return;
@@ -250,6 +276,7 @@ async function connect() {
       giveUp = setTimeout(() => {
         if (session === opened) reconnectLater("connection lost");
       }, DISCONNECTED_GIVE_UP_MS);
+      checkSession("connection disconnected");
     }
     ui.setStatus(`stream "${stream}": ${state}`);
   });
@@ -263,6 +290,7 @@ function start() {
   setInterval(sendTelemetry, TELEMETRY_INTERVAL_MS);
   setInterval(sendPlayout, PLAYOUT_INTERVAL_MS);
   setInterval(joinHouseClock, REJOIN_MS);
+  setInterval(watchStall, STALL_CHECK_MS / 4);
   connect();
 }
 

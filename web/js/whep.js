@@ -53,6 +53,33 @@ export class WhepSession {
     this.token = token;
   }
 
+  // Whether the server still holds this session: a trickle PATCH carrying only
+  // end-of-candidates (RFC 8840), which changes nothing, is answered 2xx while the session
+  // lives and 404 once the server lost it (restarted, or its worker died). null when that
+  // cannot be told (no resource URL, no answer, any other status).
+  async exists() {
+    if (!this.resourceUrl) return null;
+    const sdp = this.pc.localDescription?.sdp ?? "";
+    const ufrag = /^a=ice-ufrag:(\S+)/m.exec(sdp)?.[1];
+    const pwd = /^a=ice-pwd:(\S+)/m.exec(sdp)?.[1];
+    const mid = this.pc.getTransceivers()[0]?.mid ?? "0";
+    if (!ufrag || !pwd) return null;
+    const headers = { "Content-Type": "application/trickle-ice-sdpfrag" };
+    if (this.token) headers.Authorization = `Bearer ${this.token}`;
+    try {
+      const resp = await fetch(this.resourceUrl, {
+        method: "PATCH",
+        headers,
+        body: `a=ice-ufrag:${ufrag}\r\na=ice-pwd:${pwd}\r\nm=audio 9 UDP/TLS/RTP/SAVPF 0\r\n` +
+          `a=mid:${mid}\r\na=end-of-candidates\r\n`,
+      });
+      if (resp.status === 404) return false;
+      return resp.ok ? true : null;
+    } catch (_) {
+      return null; // no answer: the network, not necessarily the session
+    }
+  }
+
   async close() {
     this.pc.close();
     if (!this.resourceUrl) return;
