@@ -503,6 +503,12 @@ class Settings:
         "target duration of one live media segment in seconds (segments start on keyframes)",
         metavar="SECONDS",
     )
+    segment_part_s: float = _setting(
+        0.2, _parse_float(0.02, 30.0),
+        "a segment is muxed in parts of this many seconds, and its open segment is served part "
+        "by part as they are made (chunked transfer, for low latency)",
+        metavar="SECONDS",
+    )
     segment_window: int = _setting(
         10, _parse_int(2, 1000), "closed live media segments kept in memory per stream",
         metavar="N",

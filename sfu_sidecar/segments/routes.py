@@ -2,7 +2,10 @@
 
 ``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8), or
 ``.../init.mp4`` and ``.../{n}.m4s`` (H.264), and for H.264 the HLS playlists
-``.../master.m3u8`` and ``.../media.m3u8``. The first
+``.../master.m3u8`` and ``.../media.m3u8``. The segment being made (the index's ``open``) is
+served while it is made, with chunked transfer: each part as it is muxed, the rest when it
+closes, so a player can append media a part behind the live edge instead of a segment. The
+first
 request for a stream starts its segmenting (see :class:`SegmentService`); on an edge, for a
 stream with no publisher here, it first pulls the stream from upstream as a WHEP viewer's
 request does, and the pull lasts while the segments are read. Closed segments never
@@ -17,6 +20,7 @@ import math
 
 from aiohttp import web
 
+from sfu_sidecar import logs
 from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import json_ok, require_bearer
 from sfu_sidecar.relay.routes import STREAM_PATTERN
@@ -30,6 +34,8 @@ IMMUTABLE = "public, max-age=31536000, immutable"
 NO_CACHE = "no-cache"
 CONTENT_TYPES = {"webm": "video/webm", "mp4": "video/mp4"}
 MAX_SEGMENT_NUMBER = 10**12
+
+log = logs.get("segments.http")
 
 
 def add_routes(app: web.Application, service: SegmentService) -> None:
@@ -69,7 +75,7 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         return web.Response(body=seg.init, content_type=CONTENT_TYPES[seg.container],
                              headers={"Cache-Control": NO_CACHE})
 
-    async def media(request: web.Request) -> web.Response:
+    async def media(request: web.Request) -> web.StreamResponse:
         seg = await segmenter(request)
         number = int(request.match_info["n"])
         ext = seg.extensions[1]
@@ -77,10 +83,46 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
             raise NotFound(f"stream {seg.stream} is segmented as {seg.container} "
                            f"({number}.{ext})")
         found = seg.find(number) if number <= MAX_SEGMENT_NUMBER else None
-        if found is None:
+        if found is not None:
+            return web.Response(body=found.data, content_type=CONTENT_TYPES[seg.container],
+                                headers={"Cache-Control": IMMUTABLE})
+        current = seg.open_segment()
+        if current is None or current.number != number:
             raise NotFound(f"stream {seg.stream} has no segment {number} (see index.json)")
-        return web.Response(body=found.data, content_type=CONTENT_TYPES[seg.container],
-                            headers={"Cache-Control": IMMUTABLE})
+        return await open_segment(request, seg, number)
+
+    async def open_segment(request: web.Request, seg: StreamSegmenter,
+                           number: int) -> web.StreamResponse:
+        # Immutable like a closed one: the bytes are the closed segment's, and a response that
+        # cannot be completed is cut off without its last chunk, so no cache keeps a part of it.
+        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[seg.container],
+                                           "Cache-Control": IMMUTABLE})
+        resp.enable_chunked_encoding()
+        await resp.prepare(request)
+        sent_parts = sent = 0
+        # A part comes every segment_part_s; this long without one, the publisher has stalled.
+        patience_s = max(5.0, 4 * service.settings.segment_duration_s)
+        while True:
+            version = service.version(seg.stream)
+            closed = seg.find(number)
+            if closed is not None:
+                await resp.write(memoryview(closed.data)[sent:])
+                await resp.write_eof()
+                return resp
+            current = seg.open_segment()
+            if current is None or current.number != number:
+                break  # dropped (oversize, refused by the muxer) or the segmenter started over
+            for part in current.parts[sent_parts:]:
+                await resp.write(part)
+                sent += len(part)
+            sent_parts = len(current.parts)
+            if not await service.changed_since(seg.stream, seg, version, patience_s):
+                break
+        log.info("stream %s: open segment %d not completed, response cut off", seg.stream,
+                 number)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
 
     async def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
         """The segmenter of an H.264 stream with a closed segment, and the stream epoch."""

@@ -11,6 +11,14 @@ bounded by the window plus one open segment.
 Stream time is capture time on the house clock minus the stream epoch, so a frame's pts in the
 container and a caption's time are on one timeline.
 
+A segment is muxed in parts as it grows: every ``part_us`` of video the frames since the last
+part become one more WebM cluster or MP4 fragment (moof + mdat), and the closed segment is its
+parts concatenated. So the open segment can be served while it is made (chunked transfer, for
+low latency), and the bytes a reader got that way are exactly the closed segment's. Audio
+captured after the video frame that cuts a part waits for the next part: each part then holds
+every track up to one time, and audio that overtakes its keyframe on the wire still reaches
+the keyframe's segment.
+
 Where that timeline really breaks (video capture times jumping ahead by more than
 :data:`DISCONTINUITY_US`: the publisher gone and back, or its clock stepping), the open segment
 closes at its last frame and the next one, opened on the next keyframe, is marked as a
@@ -30,13 +38,16 @@ from typing import Any
 from sfu_sidecar.segments.depacketize import Frame, avc_codec_string, nal_units
 from sfu_sidecar.segments.mux import MuxError, Sample, TrackSpec, mux_mp4, mux_webm
 
-__all__ = ["MAX_OPEN_BYTES", "Segment", "StreamSegmenter"]
+__all__ = ["MAX_OPEN_BYTES", "OpenSegment", "Segment", "StreamSegmenter"]
 
 MAX_OPEN_BYTES = 32 * 1024 * 1024
 KEYFRAME_RETRY_US = 500_000  # the relay's own throttle interval for keyframe requests
 # A jump of video capture times past this is a break in the timeline, not a late frame.
 DISCONTINUITY_US = 800_000
 VIDEO, AUDIO = 0, 1
+# An Opus packet (RFC 6716 3.1: TOC 0xFC, CELT fullband 20 ms, stereo, one frame) that only
+# ever reaches a muxer, never a player: the init segment is muxed with it.
+SILENT_OPUS = b"\xfc\xff\xfe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,13 +68,28 @@ class Segment:
     init: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class OpenSegment:
+    """The segment being made: ``parts`` muxed so far (their concatenation is a prefix of the
+    closed segment's bytes), the init version it needs."""
+
+    number: int
+    start_us: int
+    discontinuity: bool
+    parts: tuple[bytes, ...]
+    init: int
+
+
 @dataclass
 class _Open:
     start_us: int
     discontinuity: bool = False
-    samples: list[Sample] = field(default_factory=list)
-    size: int = 0
+    samples: list[Sample] = field(default_factory=list)  # not in a part yet
+    size: int = 0  # bytes of every frame added, parts included: the memory bound
     asked_us: int | None = None  # stream time of the last keyframe request
+    parts: list[bytes] = field(default_factory=list)
+    part_start_us: int = 0
+    failed: bool = False  # a part was refused by the muxer: the segment cannot close whole
 
 
 class StreamSegmenter:
@@ -77,9 +103,14 @@ class StreamSegmenter:
         window: int,
         request_keyframe: Callable[[], Any],
         log: logging.Logger,
+        part_us: int | None = None,
     ) -> None:
         self.stream = stream
         self.target_us = target_us
+        self.part_us = part_us  # None: one part, the segment muxed whole when it closes
+        # Called after a part is made and after the open segment closes or is dropped, so an
+        # adapter can wake readers of the open segment (the core itself never waits).
+        self.on_change: Callable[[], None] = lambda: None
         self.segments: deque[Segment] = deque(maxlen=window)
         self.init: bytes | None = None
         self.video_codec = "vp8"
@@ -161,7 +192,7 @@ class StreamSegmenter:
                 self._close(current, stream_us)
             if resized:
                 self._resize(frame)
-            self._open = current = _Open(stream_us, self._break)
+            self._open = current = _Open(stream_us, self._break, part_start_us=stream_us)
             self._break = False
             for sample in carried:
                 current.samples.append(sample)
@@ -177,6 +208,9 @@ class StreamSegmenter:
             # Asked again while none comes: a request can be throttled or lost on the way.
             current.asked_us = stream_us
             self._request_keyframe()
+        if self.part_us is not None and stream_us - current.part_start_us >= self.part_us:
+            self._cut(current, stream_us)
+            current.part_start_us = stream_us
         self._add(Sample(VIDEO, stream_us, frame.data, frame.keyframe))
 
     def _timeline_break(self, last_us: int, stream_us: int) -> None:
@@ -186,8 +220,8 @@ class StreamSegmenter:
                        (stream_us - last_us) / 1e6)
         current = self._open
         if current is not None:
-            self._close(current, last_us + max(self._last_video_step_us, 1000))
             self._open = None
+            self._close(current, last_us + max(self._last_video_step_us, 1000))
         self._break = True
         self._asked_gap_us = None
 
@@ -221,6 +255,7 @@ class StreamSegmenter:
                               self.stream, current.size)
             self.dropped += len(current.samples)
             self._open = None
+            self.on_change()
 
     def _codec_string(self, frame: Frame) -> str:
         """RFC 6381 codec string of the video track, from its first keyframe."""
@@ -233,46 +268,98 @@ class StreamSegmenter:
         assert self.video is not None
         return [self.video] + ([self.audio] if self.audio is not None else [])
 
-    def _close(self, current: _Open, end_us: int) -> None:
-        samples = current.samples
+    def _cut(self, current: _Open, until_us: int | None) -> None:
+        """The open segment's frames captured before ``until_us`` (all when None) become its
+        next part; a part that cannot be muxed fails the segment."""
+        if until_us is None:
+            take, keep = current.samples, []
+        else:
+            take = [s for s in current.samples if s.pts_us < until_us]
+            keep = [s for s in current.samples if s.pts_us >= until_us]
+        current.samples = keep
         if self.audio is None:
-            samples = [s for s in samples if s.track == VIDEO]
+            take = [s for s in take if s.track == VIDEO]
+        if current.failed or not take:
+            return
         try:
             mux = mux_mp4 if self.container == "mp4" else mux_webm
-            header, body = mux(self._tracks(), samples)
+            _, body = mux(self._tracks(), take)
         except MuxError as e:
             self.mux_errors += 1
+            current.failed = True
             self._log.warning("stream %s: segment not muxed: %s", self.stream, e)
             return
-        discontinuity = current.discontinuity
-        if header != self.init:
-            if self.init is not None:
-                # Same tracks, other parameters (a new publisher's encoder, say): the old init
-                # no longer describes the segments, and only the newest is served, so the
-                # segments made for the old one go with it.
-                self._log.info("stream %s: codec parameters changed, new init segment",
-                               self.stream)
-                self.segments.clear()
-                discontinuity = True
-            self.init = header
-            self.inits += 1
-        if discontinuity:
+        if not current.parts and not self._first_part(current, take):
+            return
+        current.parts.append(body)
+        if self._open is current:
+            self.on_change()
+
+    def _first_part(self, current: _Open, take: list[Sample]) -> bool:
+        """Checks the init segment against the segment's keyframe (the first video sample):
+        a new one is made when its parameters changed. False when it cannot be muxed."""
+        # Muxed from the keyframe and one audio packet, not from the part itself: a header
+        # depends on which tracks have samples (the MP4 muxer leaves out the sample entry of
+        # a track without one), and a part without audio (a pause in it) must not change the
+        # init segment. Later parts start mid-GOP, so their headers lack the parameter sets.
+        keyframe = next(s for s in take if s.track == VIDEO)
+        probe = [keyframe]
+        if self.audio is not None:
+            probe.append(Sample(AUDIO, keyframe.pts_us, SILENT_OPUS, True))
+        try:
+            mux = mux_mp4 if self.container == "mp4" else mux_webm
+            header, _ = mux(self._tracks(), probe)
+        except MuxError as e:
+            self.mux_errors += 1
+            current.failed = True
+            self._log.warning("stream %s: init segment not muxed: %s", self.stream, e)
+            return False
+        if header == self.init:
+            return True
+        if self.init is not None:
+            # Same tracks, other parameters (a new publisher's encoder, say): the old init
+            # no longer describes the segments, and only the newest is served, so the
+            # segments made for the old one go with it.
+            self._log.info("stream %s: codec parameters changed, new init segment",
+                           self.stream)
+            self.segments.clear()
+            current.discontinuity = True
+        self.init = header
+        self.inits += 1
+        return True
+
+    def _close(self, current: _Open, end_us: int) -> None:
+        self._cut(current, None)
+        if current.failed or not current.parts:
+            self.on_change()  # a reader of the open segment learns it will not close
+            return
+        if current.discontinuity:
             self.discontinuities += 1
         # Numbered by start in stream milliseconds, not by count: a segmenter started again
         # (after an idle stop or a restart; the epoch is durable) never reuses a number for
         # other bytes, which immutable caching of closed segments relies on. Segments last at
         # least the target duration, so the numbers are distinct and rising.
         self.segments.append(Segment(
-            current.start_us // 1000, current.start_us, end_us - current.start_us, True, body,
-            self._sequence, discontinuity, self.discontinuities, self.inits,
+            current.start_us // 1000, current.start_us, end_us - current.start_us, True,
+            b"".join(current.parts), self._sequence, current.discontinuity,
+            self.discontinuities, self.inits,
         ))
         self._sequence += 1
+        self.on_change()
 
     def find(self, number: int) -> Segment | None:
         for segment in self.segments:
             if segment.number == number:
                 return segment
         return None
+
+    def open_segment(self) -> OpenSegment | None:
+        """The segment being made, once its first part is muxed."""
+        current = self._open
+        if current is None or current.failed or not current.parts:
+            return None
+        return OpenSegment(current.start_us // 1000, current.start_us, current.discontinuity,
+                           tuple(current.parts), self.inits)
 
     def init_url(self) -> str:
         """The init segment's URL relative to the media folder; versioned, so a player (or
@@ -281,12 +368,24 @@ class StreamSegmenter:
 
     def index(self) -> dict[str, Any]:
         media_ext = self.extensions[1]
+        current = self.open_segment()
         return {
             "stream": self.stream,
             "container": self.container,
             "codecs": self.codecs,
             "init": self.init_url() if self.init is not None else None,
             "target_duration_s": self.target_us / 1e6,
+            "part_duration_s": None if self.part_us is None else self.part_us / 1e6,
+            # The segment being made: its URL streams its parts as they are made and ends
+            # when it closes (then it is listed in "segments" with the same number and bytes).
+            "open": None if current is None else {
+                "number": current.number,
+                "start_s": current.start_us / 1e6,
+                "discontinuity": current.discontinuity,
+                "init": current.init,
+                "parts": len(current.parts),
+                "url": f"{current.number}.{media_ext}",
+            },
             "segments": [
                 {
                     "number": s.number,

@@ -42,6 +42,15 @@ class _Live:
     depacketizers: dict[str, Depacketizer] = field(default_factory=dict)
     ssrcs: dict[str, int] = field(default_factory=dict)
     unsupported: set[str] = field(default_factory=set)
+    # Set and replaced on every change of the open segment: readers streaming it wait on
+    # the one they hold (a fresh event per change, so no reader misses one).
+    change: asyncio.Event = field(default_factory=asyncio.Event)
+    version: int = 0  # changes so far, so a reader knows whether one came while it wrote
+
+    def changed(self) -> None:
+        self.version += 1
+        self.change.set()
+        self.change = asyncio.Event()
 
 
 class SegmentService(RelayObserver):
@@ -77,6 +86,8 @@ class SegmentService(RelayObserver):
 
     async def stop(self) -> None:
         await self._tasks.stop()
+        for live in self.live.values():
+            live.changed()  # readers of open segments end now
         self.live.clear()
 
     async def _sweep_loop(self, interval_s: float) -> None:
@@ -91,6 +102,28 @@ class SegmentService(RelayObserver):
             if live.last_read_ns < cutoff:
                 log.info("stream %s: live segments stopped (no reader)", name)
                 del self.live[name]
+                live.changed()
+
+    def version(self, stream: str) -> int:
+        """How many times the stream's open segment changed (a part made, closed, dropped)."""
+        live = self.live.get(stream)
+        return -1 if live is None else live.version
+
+    async def changed_since(self, stream: str, segmenter: StreamSegmenter, version: int,
+                            timeout_s: float) -> bool:
+        """Wait until ``segmenter`` (the stream's) has changed since ``version``; False when
+        it was stopped or nothing changed within ``timeout_s``. A wait counts as a read, so
+        a stream whose open segment is being streamed keeps being segmented."""
+        live = self.live.get(stream)
+        if live is None or live.segmenter is not segmenter:
+            return False
+        live.last_read_ns = self.now_ns()
+        if live.version == version:
+            try:
+                await asyncio.wait_for(live.change.wait(), timeout_s)
+            except TimeoutError:
+                return False
+        return self.live.get(stream) is live
 
     def reader(self, stream: str) -> StreamSegmenter | None:
         """The stream's segmenter for a request, started on the first one; None when the relay
@@ -106,6 +139,7 @@ class SegmentService(RelayObserver):
                 window=self.settings.segment_window,
                 request_keyframe=lambda: self.relay.request_keyframe(stream, "video"),
                 log=log,
+                part_us=round(self.settings.segment_part_s * 1e6),
             )
             # The container follows the video codec; known before the first packet when the
             # publisher has negotiated, so the index names it from the first request.
@@ -113,6 +147,7 @@ class SegmentService(RelayObserver):
             if video is not None and video.name.lower() == "h264":
                 segmenter.video_codec = "h264"
             live = self.live[stream] = _Live(segmenter, now)
+            segmenter.on_change = live.changed
             log.info("stream %s: live segments started", stream)
             # A segment can only start on a keyframe: ask now rather than wait for the next.
             self.relay.request_keyframe(stream, "video")

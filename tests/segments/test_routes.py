@@ -10,6 +10,7 @@ import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
@@ -201,3 +202,73 @@ async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
     for s in listed:
         assert min(abs(t - s.start_us) for t in keyframes) <= 500, (s.start_us, keyframes)
     assert not [p for p in video if 53.0 <= float(p["pts_time"]) < 54.0]
+
+
+async def _open_number(seg: StreamSegmenter) -> int:
+    current = seg.open_segment()
+    assert current is not None
+    return current.number
+
+
+async def test_the_open_segment_streams_part_by_part_to_the_closed_bytes(
+    app_client: tuple[Client, Components]
+) -> None:
+    """A GET of the segment being made answers at once with its parts so far, then each part
+    as it is made, and ends when the segment closes: the bytes are the closed segment's."""
+    client, components = app_client
+    relay, segments = components.relay, components.segments
+    assert relay is not None and segments is not None
+    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
+    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
+    seg = segments.live["avc"].segmenter
+    video = _h264_frames(75, gop=30)
+
+    def push(frames: range) -> None:
+        for i in frames:
+            seg.push("video", _h264_frame(i, *video[i]), 1_000_137 + i * 1_000_000 // FPS)
+
+    push(range(12))  # 0.4 s into the first segment: two parts
+    index = await (await client.get("/streams/avc/media/index.json", headers=AUTH)).json()
+    assert index["segments"] == [] and index["open"]["url"] == "1000.m4s"
+    assert index["open"]["parts"] == 1 and index["part_duration_s"] == 0.2
+    resp = await client.get("/streams/avc/media/1000.m4s", headers=AUTH)
+    assert resp.status == 200 and resp.headers["Transfer-Encoding"] == "chunked"
+    assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
+    first = await resp.content.readany()  # the part made before the request
+    assert first and first[4:8] == b"moof"
+    got = bytearray(first)
+    for step in range(12, 30, 3):  # on towards the next keyframe (frame 30), part by part
+        push(range(step, step + 3))
+        await asyncio.sleep(0.05)
+        got += resp.content.read_nowait()
+        assert not resp.content.at_eof()
+        current = seg.open_segment()
+        assert current is not None and bytes(got) == b"".join(current.parts)
+    assert len(current.parts) == 4  # cut at frames 6, 12, 18 and 24; the fifth at the close
+    push(range(30, 40))  # the keyframe closes it
+    got += await asyncio.wait_for(resp.content.read(), 5)
+    closed = seg.find(1000)
+    assert closed is not None and bytes(got) == closed.data
+    assert await _open_number(seg) == 2000
+
+
+async def test_an_open_segment_that_is_dropped_is_cut_off_not_completed(
+    app_client: tuple[Client, Components], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    client, components = app_client
+    relay, segments = components.relay, components.segments
+    assert relay is not None and segments is not None
+    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
+    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
+    seg = segments.live["avc"].segmenter
+    video = _h264_frames(30, gop=300)
+    for i in range(12):
+        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+    resp = await client.get(f"/streams/avc/media/{await _open_number(seg)}.m4s", headers=AUTH)
+    assert resp.status == 200
+    # No keyframe comes and the open segment outgrows the memory bound: it is dropped.
+    monkeypatch.setattr("sfu_sidecar.segments.segmenter.MAX_OPEN_BYTES", 1)
+    seg.push("video", _h264_frame(12, *video[12]), 137 + 12 * 1_000_000 // FPS)
+    assert seg.open_segment() is None
+    with pytest.raises(aiohttp.ClientPayloadError):
+        await asyncio.wait_for(resp.read(), 5)

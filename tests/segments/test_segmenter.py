@@ -5,6 +5,7 @@ given, the init segment is shared, memory is bounded by the window."""
 from __future__ import annotations
 
 import fractions
+import io
 import logging
 import random
 from pathlib import Path
@@ -62,12 +63,17 @@ def _vp8_dims(data: bytes) -> tuple[int, int]:
             int.from_bytes(data[8:10], "little") & 0x3FFF)
 
 
-def _segmenter(window: int = 100, asked: list[int] | None = None) -> StreamSegmenter:
+def _segmenter(window: int = 100, asked: list[int] | None = None,
+               part_us: int | None = None) -> StreamSegmenter:
     return StreamSegmenter(
         "s", target_us=1_000_000, window=window,
         request_keyframe=(lambda: asked.append(1)) if asked is not None else (lambda: None),
-        log=log,
+        log=log, part_us=part_us,
     )
+
+
+# Each segment muxed whole, and in parts of 0.2 s (the service's default) or of one frame.
+PARTS = pytest.mark.parametrize("part_us", [None, 200_000, 1])
 
 
 def _run(seg: StreamSegmenter, video: list[tuple[bytes, bool]], start_us: int,
@@ -112,10 +118,12 @@ def _write(seg: StreamSegmenter, path: Path) -> list[tuple[int, int]]:
     return ranges
 
 
-def test_segments_start_on_keyframes_with_stream_time_pts(tmp_path: Path) -> None:
+@PARTS
+def test_segments_start_on_keyframes_with_stream_time_pts(tmp_path: Path,
+                                                          part_us: int | None) -> None:
     video = _vp8_frames(150, gop=10)  # a keyframe every 1/3 s, 5 s of video
     audio = _opus_packets(250)
-    seg = _segmenter()
+    seg = _segmenter(part_us=part_us)
     times = _run(seg, video, 2_000_000, audio)
     assert len(seg.segments) == 4  # 5 s at 1 s each; the last one stays open
     for s in seg.segments:
@@ -183,13 +191,14 @@ def test_resolution_change_starts_over_with_a_new_init() -> None:
     assert [s.number for s in seg.segments] == [3000]  # the old window went with the old init
 
 
+@PARTS
 def test_audio_that_overtakes_a_keyframe_goes_to_the_segment_it_was_captured_in(
-    tmp_path: Path,
+    tmp_path: Path, part_us: int | None,
 ) -> None:
     """Audio captured just after a keyframe often arrives before it: it must go to the
     keyframe's segment, and every cluster's stored block timecodes must rise (MSE refuses a
     cluster whose blocks go back)."""
-    seg = _segmenter()
+    seg = _segmenter(part_us=part_us)
     video = _vp8_frames(120, gop=15)
     audio = _opus_packets(200)
     seg.add_audio_track("opus", 48000, 2)
@@ -223,9 +232,10 @@ def test_audio_that_overtakes_a_keyframe_goes_to_the_segment_it_was_captured_in(
         assert pts == sorted(pts) and len(set(pts)) == len(pts)
 
 
-def test_a_gap_in_capture_times_is_one_discontinuity(tmp_path: Path) -> None:
+@PARTS
+def test_a_gap_in_capture_times_is_one_discontinuity(tmp_path: Path, part_us: int | None) -> None:
     asked: list[int] = []
-    seg = _segmenter(asked=asked)
+    seg = _segmenter(asked=asked, part_us=part_us)
     video = _vp8_frames(150, gop=15)
     _run(seg, video[:75], 0)  # 2.5 s; then the publisher is gone for 1 s
     before = list(seg.segments)
@@ -258,8 +268,9 @@ def test_a_gap_in_capture_times_is_one_discontinuity(tmp_path: Path) -> None:
     assert not [p for p in pts if 2_500_000 < p < 3_500_000]
 
 
-def test_new_codec_parameters_make_a_new_init_and_a_discontinuity() -> None:
-    seg = _segmenter()
+@PARTS
+def test_new_codec_parameters_make_a_new_init_and_a_discontinuity(part_us: int | None) -> None:
+    seg = _segmenter(part_us=part_us)
     seg.video_codec = "h264"
     first = _h264_frames(60, gop=15)
     for i, (data, key) in enumerate(first):
@@ -311,10 +322,11 @@ def _h264_frame(i: int, data: bytes, key: bool) -> Frame:
     return Frame(i, data, key, w, h)
 
 
-def test_h264_opus_in_fragmented_mp4(tmp_path: Path) -> None:
+@PARTS
+def test_h264_opus_in_fragmented_mp4(tmp_path: Path, part_us: int | None) -> None:
     video = _h264_frames(120, gop=15)
     assert [k for _, k in video].count(True) == 8
-    seg = _segmenter()
+    seg = _segmenter(part_us=part_us)
     seg.video_codec = "h264"
     seg.add_audio_track("opus", 48000, 2)
     times = {}
@@ -338,3 +350,93 @@ def test_h264_opus_in_fragmented_mp4(tmp_path: Path) -> None:
     got = [float(p["pts_time"]) * 1e6 for p in packets_by_kind(probe, "video")]
     assert max(abs(g - times[i]) for i, g in enumerate(got)) <= 500
     assert len(got) == 90
+
+
+def _decoded_pts_us(data: bytes) -> list[int]:
+    """Every video frame of ``data`` decoded (not only demuxed), as pts in µs."""
+    with av.open(io.BytesIO(data)) as container:
+        stream = container.streams.video[0]
+        assert stream.time_base is not None
+        return [round(float(f.pts * stream.time_base) * 1e6)  # type: ignore[operator]
+                for packet in container.demux(stream) for f in packet.decode()]
+
+
+def _close_to(got: list[int], want: list[int]) -> None:
+    assert len(got) == len(want)
+    assert max(abs(g - w) for g, w in zip(got, want, strict=True)) <= 500
+
+
+@pytest.mark.parametrize("codec", ["vp8", "h264"])
+def test_the_open_segment_grows_by_parts_that_become_the_closed_segment(codec: str) -> None:
+    """What a reader of the open segment gets part by part is a prefix of the closed
+    segment's bytes, playable as it stands, and all of them when it closes."""
+    video = _vp8_frames(75, gop=30) if codec == "vp8" else _h264_frames(75, gop=30)
+    audio = _opus_packets(125)
+    seg = _segmenter(part_us=200_000)
+    seg.video_codec = codec
+    changes: list[int] = []
+    seg.on_change = lambda: changes.append(len(seg.segments))
+    seg.add_audio_track("opus", 48000, 2)
+    events = sorted([(i * 1_000_000 // FPS + 137, "video", i) for i in range(len(video))]
+                    + [(j * 20_000 + 11, "audio", j) for j in range(len(audio))])
+    seen: list[tuple[int, bytes]] = []  # (number, parts so far) after every push
+    times: list[int] = []
+    for t, kind, i in events:
+        if kind == "video":
+            data, key = video[i]
+            frame = (_h264_frame(i, data, key) if codec == "h264"
+                     else Frame(i, data, key, *(_vp8_dims(data) if key else (0, 0))))
+            seg.push("video", frame, t)
+            times.append(t)
+        else:
+            seg.push("audio", Frame(i, audio[i], True), t)
+        current = seg.open_segment()
+        if current is not None:
+            seen.append((current.number, b"".join(current.parts)))
+    # Keyframes at 0, 1 and 2 s: two closed segments, and the one from 2 s still open.
+    assert [s.number for s in seg.segments] == [0, 1000]
+    assert seg.init is not None
+    for closed in seg.segments:
+        prefixes = [p for n, p in seen if n == closed.number]
+        # A part every 0.2 s of the 1 s segment, and the last one when it closes.
+        assert len({len(p) for p in prefixes}) >= 4
+        assert all(closed.data.startswith(p) for p in prefixes)
+        # Up to the last cut, at 0.8 s; WebM stores milliseconds.
+        _close_to(_decoded_pts_us(seg.init + prefixes[-1]),
+                  [t for t in times if closed.start_us <= t < closed.start_us + 800_000])
+        _close_to(_decoded_pts_us(seg.init + closed.data),
+                  [t for t in times if closed.start_us <= t < closed.start_us + closed.duration_us])
+    index = seg.index()
+    assert index["part_duration_s"] == 0.2
+    assert index["open"] is not None and index["open"]["number"] == 2000
+    assert index["open"]["url"] == f"2000.{seg.extensions[1]}"
+    assert index["open"]["init"] == 1 and index["open"]["parts"] >= 1
+    # Told of every part and of each close, and of the segment count at the moment.
+    assert changes.count(0) >= 5 and changes.count(1) >= 5 and 2 in changes
+
+
+@PARTS
+def test_a_pause_in_the_audio_keeps_the_init_segment_and_the_window(
+    tmp_path: Path, part_us: int | None,
+) -> None:
+    """The MP4 muxer leaves out the sample entry of a track without samples: a part or
+    segment with no audio (the audio paused) must not make an init segment without Opus."""
+    video, audio = _h264_frames(120, gop=15), _opus_packets(50)
+    seg = _segmenter(part_us=part_us)
+    seg.video_codec = "h264"
+    seg.add_audio_track("opus", 48000, 2)
+    events = sorted([(i * 1_000_000 // FPS + 137, "video", i) for i in range(len(video))]
+                    + [(j * 20_000 + 11, "audio", j) for j in range(len(audio))])  # 1 s
+    for t, kind, i in events:
+        if kind == "video":
+            seg.push("video", _h264_frame(i, *video[i]), t)
+        else:
+            seg.push("audio", Frame(i, audio[i], True), t)
+    assert seg.inits == 1 and seg.discontinuities == 0
+    assert [s.number for s in seg.segments] == [0, 1000, 2000]
+    path = tmp_path / "all.mp4"
+    _write(seg, path)
+    probe = ffprobe(path)
+    assert {s["codec_type"]: s["codec_name"] for s in probe["streams"]} == {
+        "video": "h264", "audio": "opus"}
+    assert len(packets_by_kind(probe, "audio")) >= 45
