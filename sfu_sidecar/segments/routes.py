@@ -99,6 +99,20 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
                                            "Cache-Control": IMMUTABLE})
         resp.enable_chunked_encoding()
         await resp.prepare(request)
+        try:
+            if await stream_parts(resp, seg, number):
+                return resp
+        except ConnectionError:
+            return resp  # the reader left
+        log.info("stream %s: open segment %d not completed, response cut off", seg.stream,
+                 number)
+        if request.transport is not None:
+            request.transport.close()
+        return resp
+
+    async def stream_parts(resp: web.StreamResponse, seg: StreamSegmenter, number: int) -> bool:
+        """Writes segment ``number``'s parts as they are made; True once it closed and all of
+        it is written, False when it will not close (dropped, or the segmenter stopped)."""
         sent_parts = sent = 0
         # A part comes every segment_part_s; this long without one, the publisher has stalled.
         patience_s = max(5.0, 4 * service.settings.segment_duration_s)
@@ -108,21 +122,16 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
             if closed is not None:
                 await resp.write(memoryview(closed.data)[sent:])
                 await resp.write_eof()
-                return resp
+                return True
             current = seg.open_segment()
             if current is None or current.number != number:
-                break  # dropped (oversize, refused by the muxer) or the segmenter started over
+                return False  # dropped (oversize, refused by the muxer) or started over
             for part in current.parts[sent_parts:]:
                 await resp.write(part)
                 sent += len(part)
             sent_parts = len(current.parts)
             if not await service.changed_since(seg.stream, seg, version, patience_s):
-                break
-        log.info("stream %s: open segment %d not completed, response cut off", seg.stream,
-                 number)
-        if request.transport is not None:
-            request.transport.close()
-        return resp
+                return False
 
     async def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
         """The segmenter of an H.264 stream with a closed segment, and the stream epoch."""

@@ -70,8 +70,9 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class OpenSegment:
-    """The segment being made: ``parts`` muxed so far (their concatenation is a prefix of the
-    closed segment's bytes), the init version it needs."""
+    """The segment being made: ``parts`` muxed so far (none yet right after its keyframe;
+    their concatenation is a prefix of the closed segment's bytes), the init version it
+    needs."""
 
     number: int
     start_us: int
@@ -194,6 +195,7 @@ class StreamSegmenter:
                 self._resize(frame)
             self._open = current = _Open(stream_us, self._break, part_start_us=stream_us)
             self._break = False
+            self._check_init(current, Sample(VIDEO, stream_us, frame.data, True))
             for sample in carried:
                 current.samples.append(sample)
                 current.size += len(sample.data)
@@ -289,20 +291,19 @@ class StreamSegmenter:
             current.failed = True
             self._log.warning("stream %s: segment not muxed: %s", self.stream, e)
             return
-        if not current.parts and not self._first_part(current, take):
-            return
         current.parts.append(body)
         if self._open is current:
             self.on_change()
 
-    def _first_part(self, current: _Open, take: list[Sample]) -> bool:
-        """Checks the init segment against the segment's keyframe (the first video sample):
-        a new one is made when its parameters changed. False when it cannot be muxed."""
-        # Muxed from the keyframe and one audio packet, not from the part itself: a header
-        # depends on which tracks have samples (the MP4 muxer leaves out the sample entry of
-        # a track without one), and a part without audio (a pause in it) must not change the
-        # init segment. Later parts start mid-GOP, so their headers lack the parameter sets.
-        keyframe = next(s for s in take if s.track == VIDEO)
+    def _check_init(self, current: _Open, keyframe: Sample) -> None:
+        """Checks the init segment against the keyframe that opens ``current``: a new one is
+        made when its parameters changed. Done as the segment opens, so the open segment
+        names its init from the start."""
+        # Muxed from the keyframe and one audio packet, not from the segment's frames: a
+        # header depends on which tracks have samples (the MP4 muxer leaves out the sample
+        # entry of a track without one), and a segment without audio (a pause in it) must not
+        # change the init segment. Parts after the first start mid-GOP, so their headers lack
+        # the parameter sets anyway.
         probe = [keyframe]
         if self.audio is not None:
             probe.append(Sample(AUDIO, keyframe.pts_us, SILENT_OPUS, True))
@@ -313,9 +314,9 @@ class StreamSegmenter:
             self.mux_errors += 1
             current.failed = True
             self._log.warning("stream %s: init segment not muxed: %s", self.stream, e)
-            return False
+            return
         if header == self.init:
-            return True
+            return
         if self.init is not None:
             # Same tracks, other parameters (a new publisher's encoder, say): the old init
             # no longer describes the segments, and only the newest is served, so the
@@ -326,7 +327,6 @@ class StreamSegmenter:
             current.discontinuity = True
         self.init = header
         self.inits += 1
-        return True
 
     def _close(self, current: _Open, end_us: int) -> None:
         self._cut(current, None)
@@ -354,9 +354,9 @@ class StreamSegmenter:
         return None
 
     def open_segment(self) -> OpenSegment | None:
-        """The segment being made, once its first part is muxed."""
+        """The segment being made (from its keyframe on; it may have no part yet)."""
         current = self._open
-        if current is None or current.failed or not current.parts:
+        if current is None or current.failed:
             return None
         return OpenSegment(current.start_us // 1000, current.start_us, current.discontinuity,
                            tuple(current.parts), self.inits)

@@ -272,3 +272,24 @@ async def test_an_open_segment_that_is_dropped_is_cut_off_not_completed(
     assert seg.open_segment() is None
     with pytest.raises(aiohttp.ClientPayloadError):
         await asyncio.wait_for(resp.read(), 5)
+
+
+async def test_a_reader_leaving_an_open_segment_is_no_error(
+    app_client: tuple[Client, Components], caplog: pytest.LogCaptureFixture
+) -> None:
+    client, components = app_client
+    relay, segments = components.relay, components.segments
+    assert relay is not None and segments is not None
+    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
+    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
+    seg = segments.live["avc"].segmenter
+    video = _h264_frames(60, gop=300)
+    for i in range(12):
+        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+    resp = await client.get(f"/streams/avc/media/{await _open_number(seg)}.m4s", headers=AUTH)
+    assert resp.status == 200 and await resp.content.readany()
+    resp.close()
+    for i in range(12, 60):  # parts made after the reader left
+        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+        await asyncio.sleep(0.005)
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
