@@ -9,6 +9,7 @@ Routes::
     GET    /captions/{stream}/{lang}/chunk-{n}.vtt    chunk n of stream time [n*D, (n+1)*D)
     GET    /captions/{stream}/{lang}.vtt?start=&end=  cues displayed in a window (seconds)
     GET    /captions/{stream}/{lang}/live.m3u8        HLS subtitle playlist (RFC 8216)
+    GET    /captions/{stream}/live                    live push, Server-Sent Events (live.py)
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from aiohttp import WSMsgType, web
 
 from sfu_sidecar import logs
 from sfu_sidecar.captions import chunks
+from sfu_sidecar.captions.live import LiveCaptions
 from sfu_sidecar.captions.model import (
     MAX_STREAM_MS,
     IngestBatch,
@@ -64,6 +66,9 @@ def add_routes(app: web.Application, service: CaptionService) -> None:
     r.add_delete("/api/streams/{stream}/captions/{lang}/{cue_id}", api.delete)
     r.add_get(r"/captions/{stream}/{lang}/chunk-{n:[0-9]{1,12}}.vtt", api.chunk)
     r.add_get("/captions/{stream}/{lang}/live.m3u8", api.playlist)
+    live = LiveCaptions(service, service.settings.max_sessions_per_client)
+    r.add_get("/captions/{stream}/live", live.handle)
+    app.on_shutdown.append(live.close)
     r.add_get(r"/captions/{stream}/{lang:[A-Za-z0-9-]+}.vtt", api.window)
 
 
