@@ -261,11 +261,16 @@ class Supervisor:
         try:
             async with self._http.request(
                 request.method, target, headers=self._headers(request), data=body,
-                allow_redirects=False, timeout=aiohttp.ClientTimeout(total=60),
+                allow_redirects=False,
+                # No total: a response without a length (live captions, a segment being made)
+                # lasts as long as it streams; a worker silent this long has failed.
+                timeout=aiohttp.ClientTimeout(total=None, connect=10, sock_read=60),
             ) as resp:
-                payload = await resp.read()
                 headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
                 status = resp.status
+                if resp.content_length is None and request.method != "HEAD" and status == 200:
+                    return await _stream(request, resp, headers)
+                payload = await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return _json(503, f"worker {worker.index} did not answer ({type(exc).__name__}); "
                               "try again", {"Retry-After": "1"})
@@ -392,6 +397,25 @@ async def _stream_in_body(request: web.Request) -> str | None:
         if isinstance(doc, dict) and isinstance(doc.get("stream"), str):
             return str(doc["stream"])
     return None
+
+
+async def _stream(request: web.Request, resp: aiohttp.ClientResponse,
+                  headers: dict[str, str]) -> web.StreamResponse:
+    """A worker's answer without a length, passed on as it comes (live captions, a segment
+    being made); one the worker cut off is cut off here too, so no client takes it for whole."""
+    out = web.StreamResponse(status=resp.status, headers=headers)
+    await out.prepare(request)
+    try:
+        async for chunk in resp.content.iter_any():
+            await out.write(chunk)
+    except ConnectionError:
+        return out  # the client left
+    except (aiohttp.ClientError, TimeoutError):
+        if request.transport is not None:
+            request.transport.close()
+        return out
+    await out.write_eof()
+    return out
 
 
 def _json(status: int, reason: str | None, headers: dict[str, str] | None = None,
