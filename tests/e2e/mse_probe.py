@@ -19,6 +19,7 @@ capture time of every frame number, the cues, the stream epoch and the player's 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import fcntl
 import fractions
 import json
@@ -89,34 +90,68 @@ class FaultProxy:
         self.corrupted: str | None = None
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
+        self.open: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         app = web.Application()
         app.router.add_route("GET", "/{tail:.*}", self.forward)
+        app.on_shutdown.append(self.close_open)
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
 
-    async def forward(self, request: web.Request) -> web.Response:
-        async with aiohttp.ClientSession() as http, http.get(
+    async def close_open(self, _app: web.Application) -> None:
+        """Ends the streams in flight (live captions), which would hold the shutdown up."""
+        for task in list(self.open):
+            task.cancel()
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self.open.add(task)
+        try:
+            async with aiohttp.ClientSession() as http:
+                return await self._forward(http, request)
+        finally:
+            self.open.discard(task)
+
+    async def _forward(self, http: aiohttp.ClientSession,
+                       request: web.Request) -> web.StreamResponse:
+        async with http.get(
             self.upstream + request.path_qs, headers={"Authorization":
                                                       request.headers.get("Authorization", "")}
         ) as resp:
-            body = await resp.read()
             headers = {k: v for k, v in resp.headers.items()
                        if k in ("Content-Type", "Cache-Control")}
             if request.path.endswith("/media/index.json") and resp.status == 200:
-                index = json.loads(body)
-                for segment in index["segments"]:
+                index = json.loads(await resp.read())
+                listed = index["segments"] + ([index["open"]] if index.get("open") else [])
+                for segment in listed:
                     if self.drift_from_s is not None and segment["start_s"] >= self.drift_from_s:
                         segment["start_s"] += self.drift_s
-                body = json.dumps(index).encode()
-            elif (self.corrupt_next and resp.status == 200 and "/media/" in request.path
-                  and request.path.rsplit("/", 1)[-1][0].isdigit()):
+                return web.Response(status=resp.status, body=json.dumps(index).encode(),
+                                    headers=headers)
+            corrupt = (self.corrupt_next and resp.status == 200 and "/media/" in request.path
+                       and request.path.rsplit("/", 1)[-1][0].isdigit())
+            if corrupt:
                 self.corrupt_next = False
                 self.corrupted = request.path
-                body = b"\xff" * 64 + body[64:]
-            return web.Response(status=resp.status, body=body, headers=headers)
+            # Passed on as it comes, so a segment being made streams through part by part.
+            out = web.StreamResponse(status=resp.status, headers=headers)
+            await out.prepare(request)
+            try:
+                async for chunk in resp.content.iter_any():
+                    if corrupt:
+                        chunk, corrupt = b"\xff" * min(64, len(chunk)) + chunk[64:], False
+                    await out.write(chunk)
+                await out.write_eof()
+            except ConnectionError:
+                pass  # the page left
+            except aiohttp.ClientError:
+                # The service cut the response off (or the proxy is stopping): so does this.
+                if request.transport is not None:
+                    request.transport.close()
+            return out
 
 
 class Service(LoopThread):
@@ -216,6 +251,8 @@ def main() -> None:
     parser.add_argument("--drift", type=float, default=0.0)
     parser.add_argument("--corrupt", action="store_true",
                         help="half-way, serve one media segment corrupted")
+    parser.add_argument("--latency", choices=("segments", "low"), default="segments",
+                        help="the player's latency mode (low: segments streamed as made)")
     args = parser.parse_args()
 
     service = Service(args.codec)
@@ -239,7 +276,7 @@ def main() -> None:
             page = browser.new_page()
             page.on("console", lambda m: print("page:", m.text, file=sys.stderr))
             page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
-            page.goto(f"{proxy.base}/?stream={STREAM}&mode=mse")
+            page.goto(f"{proxy.base}/?stream={STREAM}&mode=mse&latency={args.latency}")
             page.wait_for_function("() => window.sfuViewer?.player !== undefined", timeout=10000)
             page.evaluate(RECORD_JS)
             try:

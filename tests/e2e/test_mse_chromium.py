@@ -1,4 +1,6 @@
-"""The viewer page's MSE mode in Chromium: live segments and caption chunks on one timeline.
+"""The viewer page's MSE mode in Chromium: live segments and caption chunks on one timeline,
+in both latency modes: ``low`` (the default: the segment being made streamed part by part, the
+captions pushed live) and ``segments`` (whole closed segments).
 
 The probe (mse_probe.py) runs the service, an aiortc publisher whose frames carry their number
 in their pixels (and whose true capture time per number it logs) and headless Chromium on
@@ -35,9 +37,9 @@ DRIFT_S = 0.5
 BOUNDARY_S = 3 * FRAME_S
 
 
-def run_probe(codec: str, *args: str) -> dict[str, Any]:
+def run_probe(codec: str, latency: str, *args: str) -> dict[str, Any]:
     probe = " ".join([sys.executable, "-m", "tests.e2e.mse_probe", "--codec", codec,
-                      "--watch", str(WATCH_S), *args])
+                      "--latency", latency, "--watch", str(WATCH_S), *args])
     proc = subprocess.run(
         ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {probe}"],
         cwd=ROOT, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
@@ -51,12 +53,20 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
 
 
+@pytest.mark.parametrize("latency", ["low", "segments"])
 @pytest.mark.parametrize("codec", ["vp8", "h264"])
-def test_mse_playback_keeps_captions_on_the_frames_through_a_discontinuity(codec: str) -> None:
-    result = run_probe(codec, "--gap", str(GAP_S))
+def test_mse_playback_keeps_captions_on_the_frames_through_a_discontinuity(
+    codec: str, latency: str
+) -> None:
+    result = run_probe(codec, latency, "--gap", str(GAP_S))
     frames = result["frames"]
     stats = result["stats"]
     assert stats["mime"].startswith("video/webm" if codec == "vp8" else "video/mp4")
+    assert stats["lowLatency"] == (latency == "low")
+    # Every segment of a low-latency run was streamed whole as it was made (none broke off),
+    # and the captions came over the live push too.
+    assert stats["streamBreaks"] == 0 and stats["liveCaptions"] == "open"
+    assert stats["livePushed"] >= 1
 
     # It plays: frames at about the publisher's rate, the playhead moving on.
     assert len(frames) >= 0.8 * 2 * WATCH_S / FRAME_S, stats
@@ -103,11 +113,12 @@ def test_mse_playback_keeps_captions_on_the_frames_through_a_discontinuity(codec
     assert result["tracks"][0]["cues"] >= 1
 
 
-@pytest.mark.parametrize("codec", ["vp8"])
-def test_mse_playback_moves_drifted_media_back_onto_the_caption_timeline(codec: str) -> None:
+@pytest.mark.parametrize("latency", ["low", "segments"])
+def test_mse_playback_moves_drifted_media_back_onto_the_caption_timeline(latency: str) -> None:
     """The index (stream time, the captions' timeline) and the bytes' own timestamps disagree
     by 0.5 s from half-way on: one resync moves the media onto the index's timeline."""
-    result = run_probe(codec, "--drift", str(DRIFT_S))
+    codec = "vp8"
+    result = run_probe(codec, latency, "--drift", str(DRIFT_S))
     frames = result["frames"]
     assert result["before_drift"]["resyncs"] == 0
     stats = result["stats"]
@@ -143,7 +154,7 @@ def test_mse_playback_starts_over_after_a_segment_the_browser_refuses() -> None:
     """Half-way, one segment reaches the page corrupted (a proxy overwrites its first bytes):
     the SourceBuffer refuses it and the media element is in error. The player starts over on a
     new MediaSource from the segment after it: counted, the reason kept, nothing replayed."""
-    result = run_probe("vp8", "--corrupt")
+    result = run_probe("vp8", "low", "--corrupt")
     assert result["before_corrupt"]["restarts"] == 0
     stats = result["stats"]
     corrupted = result["corrupted"].rsplit("/", 1)[-1]

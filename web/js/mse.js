@@ -1,9 +1,14 @@
 // The product's MSE player: live segments from index.json into one SourceBuffer, captions from
 // chunk-{n}.vtt as VTTCues on the video's text tracks, one timeline for both (stream time plus
 // the shift the player keeps between them). Decisions live in msemodel.js; this module does them.
+//
+// Low latency (`lowLatency`): the segment being made is fetched at once and its response read
+// as the service writes it (chunked transfer, a part every `part_duration_s`), each piece
+// appended as it arrives, and playback kept `lagS` behind the buffered edge; otherwise the
+// player starts one closed segment behind the newest and appends whole closed segments.
 
 import {
-  added, driftOf, DRIFT_S, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
+  added, DriftGuard, driftOf, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
 } from "./msemodel.js";
 import { FrameCues } from "./cuetrack.js";
 import { ChunkedCues, parseChunk } from "./vttchunk.js";
@@ -11,6 +16,7 @@ import { ChunkedCues, parseChunk } from "./vttchunk.js";
 const POLL_MS = 250; // index polls: a new segment is appended within this of being listed
 const CAPTION_POLL_MS = 500; // live chunks are fetched again this often
 const TICK_MS = 250;
+const STREAM_AGAIN = 4; // a streamed segment that ended is followed at once, this many times a poll
 
 export class MsePlayerError extends Error {}
 // The SourceBuffer refused an append: the media element is in error until it gets a new source.
@@ -24,7 +30,10 @@ export function mimeOf(index) {
 export class MsePlayer {
   // video: the <video>; stream: its name; token: view token (Bearer) or undefined;
   // lang: the caption language shown first; onStatus(text, isError).
-  constructor({ video, stream, token, lang = null, base = window.location.href, onStatus = () => {} }) {
+  constructor({
+    video, stream, token, lang = null, base = window.location.href, onStatus = () => {},
+    lowLatency = false, lagS = null,
+  }) {
     this.video = video;
     this.stream = stream;
     this.token = token;
@@ -32,7 +41,10 @@ export class MsePlayer {
     this.media = new URL(`/streams/${encodeURIComponent(stream)}/media/`, base);
     this.captionBase = new URL(`/captions/${encodeURIComponent(stream)}/`, base);
     this.onStatus = onStatus;
-    this.plan = new SegmentPlan();
+    this.lowLatency = lowLatency;
+    this.lagS = lagS; // behind the buffered edge in low latency; from the part length when null
+    this.plan = new SegmentPlan({ open: lowLatency });
+    this.drift = new DriftGuard();
     this.stats = new PlayerStats();
     // Two timelines meet here. `shift`: media time = stream time + shift, fixed for the
     // player's life (captions and frames are placed with it). `offset`: the SourceBuffer's
@@ -49,6 +61,8 @@ export class MsePlayer {
     this.busy = false;
     this.frameListeners = []; // called with each presented frame's record
     this.appending = null; // the URL of the segment being appended, named when one is refused
+    this.live = null; // the live caption push (EventSource), while connected
+    this.liveState = "off";
   }
 
   headers() {
@@ -77,7 +91,8 @@ export class MsePlayer {
       if (this.stopped) return;
       try {
         const index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
-        if (index.init !== null && index.segments.length > 0) {
+        const open = this.lowLatency ? index.open ?? null : null;
+        if (index.init !== null && (index.segments.length > 0 || open !== null)) {
           this.index = index;
           break;
         }
@@ -89,13 +104,24 @@ export class MsePlayer {
     await this.open();
     for (const lang of this.index.languages ?? []) this.captionTrack(lang);
     this.onStatus(`stream "${this.stream}": MSE, ${this.mime}`);
-    await this.pollCaptions(this.index.segments[Math.max(0, this.index.segments.length - 2)].start_s);
-    await this.stepOrRecover(this.index);
-    this.timers.push(setInterval(() => this.poll(), POLL_MS));
+    const { segments, open } = this.index;
+    const first = this.lowLatency && open ? open : segments[Math.max(0, segments.length - 2)];
+    this.listenLive();
+    await this.pollCaptions(first.start_s);
     this.timers.push(setInterval(() => this.tick(), TICK_MS));
     this.timers.push(setInterval(() => this.pollCaptions(), CAPTION_POLL_MS));
     this.video.addEventListener("waiting", () => this.fixPlayhead(true));
     this.video.requestVideoFrameCallback((now, meta) => this.onFrame(now, meta));
+    // The first segments, then the index polls (a streamed segment lasts until it closes, so
+    // the timers above run meanwhile).
+    this.busy = true;
+    try {
+      await this.stepOrRecover(this.index);
+    } finally {
+      this.busy = false;
+    }
+    this.poll();
+    this.timers.push(setInterval(() => this.poll(), POLL_MS));
   }
 
   // A new MediaSource with one SourceBuffer for the index's container and codecs; the plan
@@ -110,7 +136,7 @@ export class MsePlayer {
     this.buffer.mode = "segments"; // the bytes' own timestamps place the media
     this.buffer.timestampOffset = this.offset;
     this.mime = mime;
-    this.plan = new SegmentPlan();
+    this.plan = new SegmentPlan({ open: this.lowLatency });
     this.appended = 0;
   }
 
@@ -122,27 +148,35 @@ export class MsePlayer {
     this.stats.lastError = String(err.message ?? err);
     this.onStatus(`stream "${this.stream}": playback restarted after: ${this.stats.lastError}`, true);
     URL.revokeObjectURL(this.video.src);
-    const { next } = this.plan;
+    const { next, streaming } = this.plan;
     await this.open();
     // On from the segment after the refused one: nothing shown is shown again, and the break
-    // that leaves is bridged by the first append's seek, not counted as a resync.
+    // that leaves is bridged by the first append's seek, not counted as a resync. A refused
+    // segment that was being streamed is passed over once it is listed as closed.
     this.plan.next = next;
     this.plan.expectedStart = null;
+    if (streaming !== null) this.plan.streaming = { ...streaming, complete: true };
   }
 
   stop() {
     this.stopped = true;
     for (const t of this.timers) clearInterval(t);
+    this.live?.close();
   }
 
   async poll() {
     if (this.busy || this.stopped) return;
     this.busy = true;
     try {
-      const index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
+      let index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
       this.index = index;
       for (const lang of index.languages ?? []) this.captionTrack(lang);
-      await this.stepOrRecover(index);
+      // A streamed segment that ended is followed by the next one at once (the service opens
+      // it at the keyframe that closed this one), not at the next poll.
+      for (let i = 0; i < STREAM_AGAIN && await this.stepOrRecover(index) && !this.stopped; i++) {
+        index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
+        this.index = index;
+      }
       // Trimmed here, between appends, so no two SourceBuffer operations overlap.
       const trim = trimRange(ranges(this.buffer.buffered), this.video.currentTime);
       if (trim !== null) await this.remove(trim[0], trim[1]);
@@ -153,22 +187,28 @@ export class MsePlayer {
     }
   }
 
+  // True when it streamed a segment being made to its end.
   async stepOrRecover(index) {
     try {
-      await this.step(index);
+      return await this.step(index);
     } catch (err) {
       if (!(err instanceof SourceBufferError)) throw err;
       await this.recover(err);
-      await this.step(index);
+      return await this.step(index);
     }
   }
 
   async step(index) {
+    let streamed = false;
     for (const action of this.plan.plan(index)) {
       if (action.type === "init") {
         const data = await (await this.fetchOk(new URL(action.url, this.media), "init segment")).arrayBuffer();
         this.appending = action.url;
         await this.append(data);
+        continue;
+      }
+      if (action.open) {
+        streamed = await this.streamSegment(action);
         continue;
       }
       const { segment, resync } = action;
@@ -179,7 +219,7 @@ export class MsePlayer {
       await this.append(data);
       const span = added(before, ranges(this.buffer.buffered));
       const drift = driftOf(segment, this.shift, span);
-      if (drift !== null && Math.abs(drift) > DRIFT_S) {
+      if (this.drift.confirm(drift)) {
         // The bytes' timestamps disagree with the caption timeline: move them onto it.
         await this.remove(span[0], span[1]);
         await this.resync({ reason: "drift", correctionS: -drift, atS: segment.start_s }, this.offset - drift);
@@ -190,6 +230,92 @@ export class MsePlayer {
       if (this.appended === 1 || resync !== null) this.seekInto(segment.start_s + this.shift);
     }
     if (this.stats.segments > 0 && this.video.paused) this.video.play().catch(() => {});
+    return streamed;
+  }
+
+  // The segment being made, read as the service writes it: each piece is appended as it
+  // arrives (the SourceBuffer's parser takes a segment across appends), and the drift check
+  // is made once its first frames are buffered. True when the response ran to its end (the
+  // segment closed); a response cut off leaves the closed segment to be appended whole.
+  async streamSegment(action) {
+    const { segment, resync } = action;
+    let reader;
+    try {
+      reader = (await this.fetchOk(new URL(segment.url, this.media), `segment ${segment.number}`)).body.getReader();
+    } catch (err) {
+      this.stats.streamBreaks++;
+      this.plan.streamed(false);
+      return false;
+    }
+    this.appending = segment.url;
+    if (resync !== null) await this.resync({ ...resync, atS: segment.start_s });
+    const received = [];
+    const before = ranges(this.buffer.buffered);
+    let placed = false;
+    let seekFrom = null; // where playback (re)starts, once `lag()` of media is buffered past it
+    for (;;) {
+      let chunk;
+      try {
+        chunk = await reader.read();
+      } catch (err) {
+        this.stats.streamBreaks++;
+        this.plan.streamed(false);
+        return false;
+      }
+      if (chunk.done) break;
+      received.push(chunk.value);
+      await this.append(chunk.value);
+      if (!placed) {
+        const span = added(before, ranges(this.buffer.buffered));
+        if (span === null) continue; // no whole frame parsed yet
+        placed = true;
+        const drift = driftOf(segment, this.shift, span);
+        if (this.drift.confirm(drift)) {
+          await this.remove(span[0], span[1]);
+          await this.resync({ reason: "drift", correctionS: -drift, atS: segment.start_s }, this.offset - drift);
+          await this.append(concat(received));
+        }
+        this.appended++;
+        if (this.appended === 1 || resync !== null) {
+          // Held on the first frame until `lag()` is buffered past it: played from the first
+          // part alone, the browser showed one frame and then stalled for a second at a break
+          // (H.264, new parameters). Seeked at once, so the frame shown meanwhile has its
+          // captions (it is presented at the time it is shown for).
+          seekFrom = segment.start_s + this.shift;
+          this.video.pause();
+          this.seekInto(seekFrom);
+        }
+      }
+      if (seekFrom !== null && this.bufferedPast(seekFrom) >= this.lag()) {
+        this.seekInto(this.liveTarget(seekFrom));
+        seekFrom = null;
+      }
+      if (seekFrom === null && this.video.paused) this.video.play().catch(() => {});
+    }
+    if (seekFrom !== null) this.seekInto(this.liveTarget(seekFrom));
+    this.stats.segments++;
+    this.plan.streamed(true);
+    return true;
+  }
+
+  // How far behind the buffered edge low-latency playback stays: two and a half parts (a part
+  // arrives as a whole, so the buffer ahead dips by one between them), at least 0.5 s.
+  lag() {
+    return this.lagS ?? Math.max(0.5, 2.5 * (this.index?.part_duration_s ?? 0.2));
+  }
+
+  // Seconds buffered from `mediaS` on, in the range holding it (or the next one).
+  bufferedPast(mediaS) {
+    const range = ranges(this.buffer.buffered).find(([, b]) => b > mediaS);
+    return range === undefined ? 0 : range[1] - Math.max(range[0], mediaS);
+  }
+
+  // Where playback starts in a streamed segment: `lag()` behind what is buffered, not before
+  // `mediaS` (the segment's start).
+  liveTarget(mediaS) {
+    const buffered = ranges(this.buffer.buffered);
+    if (!buffered.length) return mediaS;
+    return Math.max(mediaS, buffered[buffered.length - 1][1] - this.lag());
   }
 
   // Waits for the SourceBuffer, abort()s, sets timestampOffset and counts the resync; the
@@ -255,9 +381,13 @@ export class MsePlayer {
   fixPlayhead(stalled = false) {
     if (this.buffer === null || this.index === null) return;
     const target = this.index.target_duration_s;
-    const fix = playheadFix(ranges(this.buffer.buffered), this.video.currentTime, {
-      maxLagS: 3 * target + 1, targetLagS: 1.5 * target, stalled,
-    });
+    // Low latency: back to lag() when more than a part and a half beyond it (a stall, a slow
+    // start); otherwise three target durations, back to one and a half.
+    const lag = this.lag();
+    const limits = this.lowLatency
+      ? { maxLagS: lag + Math.max(0.75, 3 * (this.index.part_duration_s ?? 0.2)), targetLagS: lag }
+      : { maxLagS: 3 * target + 1, targetLagS: 1.5 * target };
+    const fix = playheadFix(ranges(this.buffer.buffered), this.video.currentTime, { ...limits, stalled });
     if (fix === null) return;
     this.stats.seeks[fix.reason]++;
     this.video.currentTime = fix.to;
@@ -291,6 +421,30 @@ export class MsePlayer {
   selectLanguage(lang) {
     this.lang = lang;
     for (const [l, entry] of this.tracks) entry.track.mode = l === lang ? "showing" : "hidden";
+  }
+
+  // The live caption push (Server-Sent Events): a cue reaches its track as it is ingested, not
+  // at the next chunk poll, which matters once the media is only a part behind the live edge.
+  // Chunks stay the record: they fill in what the push missed while it was away (EventSource
+  // reconnects by itself) and retract what changed.
+  listenLive() {
+    if (typeof EventSource === "undefined") return;
+    this.live = new EventSource(new URL("live", this.captionBase));
+    this.live.addEventListener("open", () => { this.liveState = "open"; });
+    this.live.addEventListener("error", () => { this.liveState = "reconnecting"; });
+    this.live.addEventListener("cue", (event) => {
+      const c = JSON.parse(event.data);
+      const entry = this.captionTrack(c.lang);
+      this.stats.livePushed++;
+      if (entry.cues.push({ id: c.id, start: c.start, end: c.end, text: c.text, settings: c.settings })) {
+        this.syncCue(entry, c.id, true);
+      }
+    });
+    this.live.addEventListener("retract", (event) => {
+      const { lang, id } = JSON.parse(event.data);
+      const entry = this.tracks.get(lang);
+      if (entry !== undefined && entry.cues.retract(id)) this.syncCue(entry, id, true);
+    });
   }
 
   // Fetches the chunks around the playhead: the one playing and the next (live ones again each
@@ -355,6 +509,11 @@ export class MsePlayer {
     const edge = buffered.length ? buffered[buffered.length - 1][1] : null;
     return {
       mode: "mse",
+      lowLatency: this.lowLatency,
+      liveCaptions: this.liveState,
+      livePushed: this.stats.livePushed,
+      lagS: this.lowLatency ? this.lag() : null,
+      streamBreaks: this.stats.streamBreaks,
       mime: this.mime ?? null,
       resyncs: this.stats.resyncs,
       restarts: this.stats.restarts,
@@ -371,6 +530,16 @@ export class MsePlayer {
       captionError: this.stats.captionError ?? null,
     };
   }
+}
+
+function concat(pieces) {
+  const out = new Uint8Array(pieces.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of pieces) {
+    out.set(p, at);
+    at += p.length;
+  }
+  return out;
 }
 
 function sleep(ms) {

@@ -15,48 +15,95 @@ export const DRIFT_S = 0.2;
 export const DISCONTINUITY_S = 0.8;
 
 // Walks the segment index in order; says which init and media segments to append, and where a
-// resync must come first.
+// resync must come first. With `open` (low latency) it goes on to the segment being made, which
+// the player streams part by part as the service makes it (chunked transfer) instead of
+// waiting for it to close; that segment is then not appended again once listed as closed.
 export class SegmentPlan {
-  // startBehind: how many closed segments behind the newest to start playing from.
-  constructor({ startBehind = 1 } = {}) {
+  // startBehind: how many closed segments behind the newest to start playing from (without
+  // `open`; with it, playback starts on the segment being made).
+  constructor({ startBehind = 1, open = false } = {}) {
     this.startBehind = startBehind;
+    this.open = open;
     this.next = null; // media sequence number of the next segment to append
     this.expectedStart = null; // stream time where the next segment should start
     this.initVersion = null;
+    this.streaming = null; // {segment, complete}: the open segment handed out to stream
   }
 
   // index: the service's index.json. Returns actions in order:
   //   {type: "init", url, version}
-  //   {type: "segment", segment, resync: null | {reason, jumpS}}
+  //   {type: "segment", segment, resync: null | {reason, jumpS}, open: false | true}
   plan(index) {
     const segments = index.segments ?? [];
-    if (index.init === null || segments.length === 0) return [];
+    const open = this.open ? index.open ?? null : null;
+    if (index.init === null || (segments.length === 0 && open === null)) return [];
+    if (this.streaming !== null && !this.settle(segments)) return [];
     const actions = [];
     let todo;
-    if (this.next === null) {
-      todo = segments.slice(Math.max(0, segments.length - 1 - this.startBehind));
+    if (this.next === null && this.streaming === null && this.expectedStart === null) {
+      todo = open !== null ? [] : segments.slice(Math.max(0, segments.length - 1 - this.startBehind));
     } else {
-      todo = segments.filter((s) => s.sequence >= this.next);
+      todo = segments.filter((s) => this.next === null || s.sequence >= this.next);
     }
     for (const segment of todo) {
-      let resync = null;
-      if (this.next !== null && segment.sequence !== this.next) {
-        // The window slid past segments never fetched (a stalled network, a backgrounded tab).
-        resync = { reason: "window", jumpS: segment.start_s - this.expectedStart };
-      } else if (this.expectedStart !== null) {
-        const jumpS = segment.start_s - this.expectedStart;
-        if (segment.discontinuity) resync = { reason: "discontinuity", jumpS };
-        else if (Math.abs(jumpS) > DISCONTINUITY_S) resync = { reason: "jump", jumpS };
-      }
-      if (segment.init !== this.initVersion) {
-        actions.push({ type: "init", url: index.init, version: segment.init });
-        this.initVersion = segment.init;
-      }
-      actions.push({ type: "segment", segment, resync });
+      const resync = this.resyncFor(segment, this.next !== null && segment.sequence !== this.next);
+      this.initFor(actions, index, segment);
+      actions.push({ type: "segment", segment, resync, open: false });
       this.next = segment.sequence + 1;
       this.expectedStart = segment.start_s + segment.duration_s;
     }
+    const last = todo.length ? todo[todo.length - 1] : null;
+    if (open !== null && (last === null || open.start_s > last.start_s)) {
+      const resync = this.resyncFor(open, false);
+      this.initFor(actions, index, open);
+      actions.push({ type: "segment", segment: open, resync, open: true });
+      this.streaming = { segment: open, complete: false };
+    }
     return actions;
+  }
+
+  // The player streamed the open segment to its end (`complete`), or lost it part-way.
+  streamed(complete) {
+    if (this.streaming !== null) this.streaming.complete = complete;
+  }
+
+  // Once the streamed segment is listed as closed, the plan goes on after it (or, when its
+  // stream broke off, with it, appended whole). False while it is not listed yet.
+  settle(segments) {
+    const { segment, complete } = this.streaming;
+    const closed = segments.find((s) => s.number === segment.number);
+    if (closed !== undefined) {
+      this.streaming = null;
+      this.next = complete ? closed.sequence + 1 : closed.sequence;
+      this.expectedStart = complete ? closed.start_s + closed.duration_s : closed.start_s;
+      return true;
+    }
+    const later = segments.find((s) => s.start_s > segment.start_s);
+    if (later === undefined) return false;
+    // It never closed (the service dropped it): on from the next one, bridged by a seek.
+    this.streaming = null;
+    this.next = later.sequence;
+    this.expectedStart = null;
+    return true;
+  }
+
+  resyncFor(segment, slid) {
+    if (slid) {
+      // The window slid past segments never fetched (a stalled network, a backgrounded tab).
+      return { reason: "window", jumpS: segment.start_s - this.expectedStart };
+    }
+    if (this.expectedStart === null) return null;
+    const jumpS = segment.start_s - this.expectedStart;
+    if (segment.discontinuity) return { reason: "discontinuity", jumpS };
+    if (Math.abs(jumpS) > DISCONTINUITY_S) return { reason: "jump", jumpS };
+    return null;
+  }
+
+  initFor(actions, index, segment) {
+    if (segment.init !== this.initVersion) {
+      actions.push({ type: "init", url: index.init, version: segment.init });
+      this.initVersion = segment.init;
+    }
   }
 }
 
@@ -99,6 +146,28 @@ export function added(before, after) {
 export function driftOf(segment, shift, span) {
   if (span === null) return null;
   return span[0] - (segment.start_s + shift);
+}
+
+// Drift is a property of the bytes' clock, so it shows in every segment from where it starts;
+// one segment landing off the index can be something else (one track's tail arriving late and
+// filling a hole before it, a stall). A resync needs two in a row that agree.
+export class DriftGuard {
+  constructor({ agreeS = 0.1 } = {}) {
+    this.agreeS = agreeS;
+    this.last = null;
+  }
+
+  // `drift` of a segment just appended (null: not measured); true when it is to be corrected.
+  confirm(drift) {
+    if (drift === null) return false;
+    if (Math.abs(drift) <= DRIFT_S) {
+      this.last = null;
+      return false;
+    }
+    const agreed = this.last !== null && Math.abs(drift - this.last) <= this.agreeS;
+    this.last = agreed ? null : drift;
+    return agreed;
+  }
 }
 
 // Where to put the playhead after a resync: the start of the buffered range holding `mediaS`,
@@ -144,6 +213,8 @@ export class PlayerStats {
     this.restarts = 0; // new MediaSources after the SourceBuffer refused an append
     this.lastError = null;
     this.segments = 0;
+    this.streamBreaks = 0; // streamed segments whose response broke off (appended whole later)
+    this.livePushed = 0; // cues that came over the live caption push
     this.seeks = { "live-edge": 0, hole: 0 };
     this.captionErrorsMs = [];
     this.seenCues = new Set();

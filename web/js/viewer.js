@@ -298,8 +298,12 @@ function start() {
 // window.sidecarStats show its resyncs.
 async function startMse() {
   const { MsePlayer } = await import("./mse.js");
+  const lag = Number.parseFloat(params.get("lag") ?? "");
   const player = new MsePlayer({
     video, stream, token, lang: params.get("lang"), onStatus: (text, isError) => ui.setStatus(text, isError),
+    // Low latency unless asked for whole segments (`&latency=segments`): a part behind the
+    // live edge instead of a segment or two.
+    lowLatency: params.get("latency") !== "segments", lagS: Number.isFinite(lag) && lag > 0 ? lag : null,
   });
   window.sfuViewer.player = player;
   Object.defineProperty(window, "sidecarStats", { get: () => player.snapshot(), configurable: true });

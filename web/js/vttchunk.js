@@ -70,6 +70,25 @@ export class ChunkedCues {
   constructor() {
     this.cues = new Map(); // id -> {id, start, end, text}
     this.fromChunk = new Map(); // n -> Set of ids the last copy of chunk n held
+    this.pushed = new Set(); // ids that came live (pushed), whichever chunk holds them later
+  }
+
+  // A cue pushed live, before any chunk fetch shows it: added or changed. True when it changed.
+  push(cue) {
+    const live = { ...cue, start: round3(cue.start), end: round3(cue.end), settings: cue.settings ?? "" };
+    const old = this.cues.get(live.id);
+    this.pushed.add(live.id);
+    if (old !== undefined && old.start === live.start && old.end === live.end && old.text === live.text
+      && old.settings === live.settings) return false;
+    this.cues.set(live.id, live);
+    return true;
+  }
+
+  // A retraction pushed live. True when the cue was there.
+  retract(id) {
+    this.pushed.delete(id);
+    for (const ids of this.fromChunk.values()) ids.delete(id);
+    return this.cues.delete(id);
   }
 
   // Returns {added, removed} ids; `added` includes cues whose times, text or settings changed.
@@ -105,6 +124,15 @@ export class ChunkedCues {
   // (bounded memory over a long run); returns the removed ids.
   prune(t, chunkS, keepS = 30) {
     const removed = [];
+    for (const id of [...this.pushed]) {
+      const cue = this.cues.get(id);
+      if (cue !== undefined && cue.end >= t - keepS) continue;
+      this.pushed.delete(id);
+      if (cue !== undefined && !this._inOtherChunk(id, -1)) {
+        this.cues.delete(id);
+        removed.push(id);
+      }
+    }
     for (const n of [...this.fromChunk.keys()]) {
       if ((n + 1) * chunkS >= t - keepS) continue;
       const ids = this.fromChunk.get(n);

@@ -3,7 +3,7 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
-  added, driftOf, DRIFT_S, playheadFix, PlayerStats, seekTarget, SegmentPlan, trimRange,
+  added, DriftGuard, driftOf, DRIFT_S, playheadFix, PlayerStats, seekTarget, SegmentPlan, trimRange,
 } from "../msemodel.js";
 
 function seg(sequence, start, { duration = 1, discontinuity = false, init = 1 } = {}) {
@@ -118,3 +118,80 @@ test("stats: one resync counted per call; a cue's error from its first frame", (
   assert.ok(Math.abs(stats.captionErrorP95Ms() - 10) < 1e-6);
 });
 
+
+function open(start, { discontinuity = false, init = 1 } = {}) {
+  const number = Math.floor(start * 1000);
+  return { number, start_s: start, discontinuity, init, parts: 1, url: `${number}.webm` };
+}
+
+function live(segments, openSegment, init = "init.webm?v=1") {
+  return { ...index(segments, init), open: openSegment };
+}
+
+test("low latency: starts on the segment being made and streams it once", () => {
+  const plan = new SegmentPlan({ open: true });
+  const actions = plan.plan(live([seg(0, 10), seg(1, 11)], open(12)));
+  assert.deepEqual(actions.map((a) => [a.type, a.segment?.number ?? null, a.open ?? null]),
+    [["init", null, null], ["segment", 12000, true]]);
+  assert.equal(actions[1].resync, null);
+  // Listed again while it is being streamed, or before it is listed as closed: nothing new.
+  assert.deepEqual(plan.plan(live([seg(0, 10), seg(1, 11)], open(12))), []);
+  plan.streamed(true);
+  assert.deepEqual(plan.plan(live([seg(0, 10), seg(1, 11)], open(12))), []);
+  // Closed now: not appended again; on to the next open one, which starts where it ended.
+  const next = plan.plan(live([seg(1, 11), seg(2, 12)], open(13)));
+  assert.deepEqual(next.map((a) => [a.segment.number, a.open, a.resync]), [[13000, true, null]]);
+});
+
+test("low latency: a stream that broke off is appended whole once closed", () => {
+  const plan = new SegmentPlan({ open: true });
+  plan.plan(live([seg(0, 10)], open(11)));
+  plan.streamed(false);
+  const actions = plan.plan(live([seg(0, 10), seg(1, 11)], open(12)));
+  assert.deepEqual(actions.map((a) => [a.segment.number, a.open, a.resync]),
+    [[11000, false, null], [12000, true, null]]);
+});
+
+test("low latency: a break before the segment being made is one resync", () => {
+  const plan = new SegmentPlan({ open: true });
+  plan.plan(live([], open(10)));
+  plan.streamed(true);
+  const actions = plan.plan(live([seg(0, 10)], open(12.5, { discontinuity: true })));
+  assert.deepEqual(actions.map((a) => a.resync?.reason ?? null), ["discontinuity"]);
+  assert.ok(Math.abs(actions[0].resync.jumpS - 1.5) < 1e-9);
+  plan.streamed(true);
+  assert.deepEqual(plan.plan(live([seg(0, 10), seg(1, 12.5)], open(13.5))).map(
+    (a) => a.resync), [null]);
+});
+
+test("low latency: a segment being made that never closes is passed by", () => {
+  const plan = new SegmentPlan({ open: true });
+  plan.plan(live([], open(10)));
+  plan.streamed(false);
+  // The service dropped it (no keyframe came in time); the next one closed meanwhile.
+  const actions = plan.plan(live([seg(0, 11.5)], open(12.5)));
+  assert.deepEqual(actions.map((a) => [a.segment.number, a.open, a.resync]),
+    [[11500, false, null], [12500, true, null]]);
+});
+
+test("without low latency the segment being made is ignored", () => {
+  const plan = new SegmentPlan();
+  const actions = plan.plan(live([seg(0, 10), seg(1, 11)], open(12)));
+  assert.deepEqual(actions.filter((a) => a.type === "segment").map((a) => [a.segment.number, a.open]),
+    [[10000, false], [11000, false]]);
+});
+
+test("drift guard: two segments in a row that agree, not one", () => {
+  const guard = new DriftGuard();
+  assert.equal(guard.confirm(null), false);
+  assert.equal(guard.confirm(0.1), false); // within DRIFT_S
+  assert.equal(guard.confirm(-0.83), false); // one segment off: a late track's tail, say
+  assert.equal(guard.confirm(0.0), false);
+  assert.equal(guard.confirm(-0.5), false);
+  assert.equal(guard.confirm(-0.49), true); // the bytes' clock is off: corrected
+  assert.equal(guard.confirm(-0.5), false); // starts over after a correction
+  assert.equal(guard.confirm(0.5), false);
+  assert.equal(guard.confirm(-0.5), false); // disagreeing signs never confirm
+  assert.equal(guard.confirm(0.3), false);
+  assert.equal(guard.confirm(0.32), true);
+});

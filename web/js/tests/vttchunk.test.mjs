@@ -88,3 +88,28 @@ test("prune forgets old chunks and their cues", () => {
   assert.deepEqual(book.prune(40, 2, 30), ["a"]);
   assert.deepEqual([...book.cues.keys()], ["z"]);
 });
+
+test("live push: a cue before its chunk shows it, kept by a stale copy, retracted live", () => {
+  const book = new ChunkedCues();
+  const cue = { id: "p", start: 4.0001, end: 5.2, text: "pushed", settings: "line:10%" };
+  assert.equal(book.push(cue), true);
+  assert.deepEqual(book.cues.get("p"), { ...cue, start: 4 });
+  assert.equal(book.push({ ...cue }), false); // the same again: no change
+  // A copy of its chunk fetched before it was ingested does not take it away...
+  assert.deepEqual(book.merge(2, []), { added: [], removed: [] });
+  // ...one that holds it takes it over, and a later copy without it retracts it.
+  assert.deepEqual(book.merge(2, [{ ...cue, start: 4 }]), { added: [], removed: [] });
+  assert.deepEqual(book.merge(2, []), { added: [], removed: ["p"] });
+  book.push({ id: "q", start: 6, end: 7, text: "q" });
+  assert.equal(book.retract("q"), true);
+  assert.equal(book.retract("q"), false);
+  assert.equal(book.cues.size, 0);
+});
+
+test("prune forgets pushed cues that ended long ago", () => {
+  const book = new ChunkedCues();
+  book.push({ id: "old", start: 1, end: 2, text: "old" });
+  book.push({ id: "new", start: 50, end: 51, text: "new" });
+  assert.deepEqual(book.prune(40, 2, 30), ["old"]);
+  assert.deepEqual([...book.cues.keys()], ["new"]);
+});
