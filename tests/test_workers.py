@@ -328,3 +328,47 @@ async def test_two_worker_machines_share_their_streams_through_redis(tmp_path: P
             machine.stop()
         redis_server.kill()
 
+
+
+async def test_live_captions_and_a_segment_being_made_stream_through_the_supervisor(
+    supervisor: ServerProcess,
+) -> None:
+    """Answers without a length pass through the one port as they come: the live caption
+    push gets a cue as it is ingested, and the segment being made arrives part by part and
+    ends in the closed segment's bytes."""
+    base = supervisor.base
+    stream = "streamed"
+    publisher, _, _ = await start_publisher(base, stream, stamp=True)
+    async with aiohttp.ClientSession() as http:
+        try:
+            assert await publisher.joined() is not None
+            live = await http.get(f"{base}/captions/{stream}/live")
+            assert live.status == 200 and live.headers["Content-Type"] == "text/event-stream"
+            now = time.time_ns()
+            await post_cue(http, base, stream, "sse", now + 100_000_000, now + 900_000_000)
+            seen = b""
+            while b'"id":"sse"' not in seen:
+                seen += await asyncio.wait_for(live.content.readany(), 5)
+            live.close()
+
+            media = f"{base}/streams/{stream}/media"
+            index: dict[str, Any] = {}
+            for _ in range(100):
+                index = await get_json(http, f"{media}/index.json")
+                if index["open"] is not None and index["open"]["parts"] == 0:
+                    break  # just opened: the whole segment is still to be made
+                await asyncio.sleep(0.05)
+            number = index["open"]["number"]
+            resp = await http.get(f"{media}/{index['open']['url']}")
+            assert resp.status == 200 and resp.headers["Transfer-Encoding"] == "chunked"
+            pieces = [await asyncio.wait_for(resp.content.readany(), 5)]
+            # The first part comes while the segment is still open (it closes a target
+            # duration after its keyframe, 1 s).
+            doc = await get_json(http, f"{media}/index.json")
+            assert doc["open"] is not None and doc["open"]["number"] == number
+            pieces.append(await asyncio.wait_for(resp.read(), 10))
+            async with http.get(f"{media}/{index['open']['url']}") as closed:
+                assert closed.status == 200 and "Transfer-Encoding" not in closed.headers
+                assert b"".join(pieces) == await closed.read()
+        finally:
+            await publisher.close()
