@@ -1,5 +1,6 @@
-"""Glass-to-glass latency of the viewer page's two paths, MSE (live segments over HTTP) and
-WebRTC (WHEP), measured in the same Chromium run on the same publisher's frames.
+"""Glass-to-glass latency of the viewer page's paths, MSE (live segments over HTTP, in its two
+latency modes) and WebRTC (WHEP), measured in the same Chromium run on the same publisher's
+frames.
 
     flock /tmp/sfu-sidecar-bench.lock .venv/bin/python bench/mse_latency.py
 
@@ -13,7 +14,9 @@ ICE pair reliably only there; root):
   and its beeps (Opus), every packet stamped with its capture time (abs-capture-time) on this
   host's clock, which is the house clock here (checked through ``/api/clock``);
 * headless Chromium with two pages open at once on the stream: ``/?stream=S`` (WebRTC) and
-  ``/?stream=S&mode=mse`` (the product's MSE player).
+  the product's MSE player, in turns ``/?stream=S&mode=mse`` (its default, low latency: the
+  segment being made streamed part by part) and ``/?stream=S&mode=mse&latency=segments``
+  (whole closed segments).
 
 Latency of a frame = the house time at which it is displayed - its capture time. Display time:
 ``requestVideoFrameCallback``'s ``expectedDisplayTime`` (performance clock) plus
@@ -31,16 +34,17 @@ decoders in one browser; the table gives each page's frame rate to show neither 
 
 A round opens both pages afresh; once both present frames and ``--settle`` seconds have passed
 (the MSE player's start-up seeks), frames are recorded for ``--seconds``, with the MSE
-player's buffer ahead of the playhead at each. The MSE path's latency is set by where in the
-segment cycle its page joined and then holds steady (playback runs on the media clock), so one
-long recording would show one join; ``--rounds`` (4) rounds of 8 s show four. The first is a
-cold join: its page's first request starts the stream's segmenting, so it starts on the first
-segment made; the later ones join a segmenter already running (``segment_idle_s`` is 30 s) and
-start, as the player does, on the second-newest closed segment. All rounds run on one
-service and publisher per value of ``--segment-durations`` (default 1 s, the setting's default,
-then 0.5 s), in the same browser. Prints a markdown table: p50/p90/p99 per path over all
-recorded frames, each round's p50, and the ratios MSE / WebRTC. Display times fall on the
-headless compositor's 60 Hz frame ticks, so latencies come in steps of about 16.7 ms.
+player's buffer ahead of the playhead at each. Rounds alternate the MSE page's mode, low
+latency first. In ``segments`` mode the latency is set by where in the segment cycle its page
+joined and then holds steady (playback runs on the media clock), so one long recording would
+show one join; ``--rounds`` (6: three per mode) rounds of 8 s show several. The first round is
+a cold join: its page's first request starts the stream's segmenting; the later ones join a
+segmenter already running (``segment_idle_s`` is 30 s). All rounds run on one service and
+publisher per value of ``--segment-durations`` (default 1 s, the setting's default, then
+0.5 s), in the same browser. Prints a markdown table: p50/p90/p99 per path over all recorded
+frames, each round's p50, and the ratios MSE / WebRTC (against the WebRTC page of all rounds).
+Display times fall on the headless compositor's 60 Hz frame ticks, so latencies come in steps
+of about 16.7 ms.
 
 Takes /tmp/sfu-sidecar-bench.lock (unless ``flock`` already holds it for this process, as in the
 command above) and /tmp/sfu-sidecar-browser.lock for the whole run.
@@ -396,9 +400,13 @@ def latencies(frames: list[list[Any]], epoch_ns: int | None) -> list[float]:
     return out
 
 
+MSE_MODES = {"low": "", "segments": "&latency=segments"}
+
+
 def run_round(browser: Any, base: str, seconds: float, settle_s: float,
-              phase: dict[str, Any]) -> None:
-    """Both pages opened afresh, recorded for ``seconds``; adds to ``phase``."""
+              phase: dict[str, Any], mode: str) -> None:
+    """Both pages opened afresh (the MSE one in latency ``mode``), recorded for ``seconds``;
+    adds to ``phase``."""
     pages: list[Any] = []
     try:
         webrtc = browser.new_page()
@@ -407,7 +415,7 @@ def run_round(browser: Any, base: str, seconds: float, settle_s: float,
         for page in pages:
             page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
         webrtc.goto(f"{base}/?stream={STREAM}")
-        mse.goto(f"{base}/?stream={STREAM}&mode=mse")
+        mse.goto(f"{base}/?stream={STREAM}&mode=mse{MSE_MODES[mode]}")
         webrtc.wait_for_function("() => window.sfuViewer !== undefined", timeout=10_000)
         mse.wait_for_function("() => window.sfuViewer?.player !== undefined", timeout=10_000)
         webrtc.evaluate(WEBRTC_JS)
@@ -425,12 +433,12 @@ def run_round(browser: Any, base: str, seconds: float, settle_s: float,
         time.sleep(seconds)
         grabbed = [p.evaluate("() => [window.latFrames, window.latUnmapped]") for p in pages]
         elapsed = time.monotonic() - started
-        phase["ahead"] += mse.evaluate("() => window.latAhead")
+        phase["ahead"][mode] += mse.evaluate("() => window.latAhead")
         phase["page_clock"] += [page_clock_offset_ms(p) for p in pages]
         after = mse.evaluate("() => window.sidecarStats")
         epoch_ns = get_json(f"{base}/streams/{STREAM}/media/index.json")["epoch_ns"]
-        for (frames, unmapped), key, epoch in zip(grabbed, ("webrtc", "mse"), (None, epoch_ns),
-                                                  strict=True):
+        for (frames, unmapped), key, epoch in zip(grabbed, ("webrtc", f"mse_{mode}"),
+                                                  (None, epoch_ns), strict=True):
             result: PathResult = phase["results"][key]
             values = latencies(frames, epoch)
             result.latencies_ms += values
@@ -438,9 +446,10 @@ def run_round(browser: Any, base: str, seconds: float, settle_s: float,
             result.frames += len(frames)
             result.unmapped += unmapped
             result.seconds += elapsed
-        phase["resyncs"] += after["resyncs"] - before["resyncs"]
+        phase["resyncs"][mode] += after["resyncs"] - before["resyncs"]
+        seeks = phase["seeks"][mode]
         for reason, count in after["seeks"].items():
-            phase["seeks"][reason] = phase["seeks"].get(reason, 0) + count - before["seeks"][reason]
+            seeks[reason] = seeks.get(reason, 0) + count - before["seeks"][reason]
     finally:
         for page in pages:
             with contextlib.suppress(Exception):
@@ -455,13 +464,17 @@ def run_phase(browser: Any, segment_s: float, rounds: int, seconds: float, settl
     publisher: Publisher | None = None
     try:
         phase: dict[str, Any] = {
-            "segment_s": segment_s, "ahead": [], "page_clock": [], "resyncs": 0, "seeks": {},
-            "results": {"webrtc": PathResult([], []), "mse": PathResult([], [])},
+            "segment_s": segment_s, "page_clock": [],
+            "ahead": {m: [] for m in MSE_MODES}, "resyncs": dict.fromkeys(MSE_MODES, 0),
+            "seeks": {m: {} for m in MSE_MODES},
+            "results": {"webrtc": PathResult([], []),
+                        **{f"mse_{m}": PathResult([], []) for m in MSE_MODES}},
             "house_minus_host_ms": check_house_clock(server.base),
         }
         publisher = Publisher(server.base, STREAM, codec)
-        for _ in range(rounds):
-            run_round(browser, server.base, seconds, settle_s, phase)
+        modes = list(MSE_MODES)
+        for i in range(rounds):
+            run_round(browser, server.base, seconds, settle_s, phase, modes[i % len(modes)])
         phase["publisher"] = publisher.stop()
         phase["log_errors"] = server.log_errors()
         return phase
@@ -485,20 +498,22 @@ def print_report(phases: list[dict[str, Any]], rounds: int, seconds: float) -> N
     for phase in phases:
         label = f"{phase['segment_s']:g} s"
         rows = {}
-        for key, name in (("webrtc", "WebRTC (WHEP)"), ("mse", "MSE (segments)")):
+        for key, name in (("webrtc", "WebRTC (WHEP)"), ("mse_low", "MSE, low latency (default)"),
+                          ("mse_segments", "MSE, whole segments")):
             r: PathResult = phase["results"][key]
             ps = [percentile(r.latencies_ms, p) for p in (50, 90, 99)]
             rows[key] = ps
-            ahead = phase["ahead"]
+            ahead = phase["ahead"].get(key.removeprefix("mse_"), [])
             ahead_text = (f"{statistics.median(ahead):.2f} ({min(ahead):.2f} to {max(ahead):.2f})"
-                          if key == "mse" and ahead else "")
+                          if ahead else "")
             per_round = " / ".join(f"{v:.0f}" for v in r.round_p50s)
             print(f"| {label} | {name} | {r.frames} ({r.frames / max(r.seconds, 1e-9):.1f}) | "
                   f"{fmt(ps[0])} | {fmt(ps[1])} | {fmt(ps[2])} | {per_round} | {ahead_text} |")
-        ratios = [m / w if m is not None and w else None
-                  for m, w in zip(rows["mse"], rows["webrtc"], strict=True)]
-        print(f"| {label} | ratio MSE / WebRTC | | {fmt(ratios[0], 1)}x | {fmt(ratios[1], 1)}x | "
-              f"{fmt(ratios[2], 1)}x | | |")
+        for key, name in (("mse_low", "low latency"), ("mse_segments", "whole segments")):
+            ratios = [m / w if m is not None and w else None
+                      for m, w in zip(rows[key], rows["webrtc"], strict=True)]
+            print(f"| {label} | ratio MSE ({name}) / WebRTC | | {fmt(ratios[0], 1)}x | "
+                  f"{fmt(ratios[1], 1)}x | {fmt(ratios[2], 1)}x | | |")
     print()
     for phase in phases:
         worst = max(abs(offset) for offset in phase["page_clock"])
@@ -517,8 +532,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("role", nargs="?", default="run")
     parser.add_argument("args", nargs="*")
-    parser.add_argument("--rounds", type=int, default=4,
-                        help="per segment duration, each with both pages opened afresh")
+    parser.add_argument("--rounds", type=int, default=6,
+                        help="per segment duration, each with both pages opened afresh, the MSE "
+                             "page's latency mode alternating")
     parser.add_argument("--seconds", type=float, default=8.0, help="recorded per round")
     parser.add_argument("--settle", type=float, default=8.0,
                         help="seconds between both pages presenting frames and recording")
