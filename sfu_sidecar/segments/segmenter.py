@@ -148,8 +148,21 @@ class StreamSegmenter:
         return ("mp4", "m4s") if self.container == "mp4" else ("webm", "webm")
 
     def add_audio_track(self, codec: str, sample_rate: int, channels: int) -> None:
-        if self.audio is None and self.init is None:
-            self.audio = TrackSpec("audio", codec, sample_rate=sample_rate, channels=channels)
+        """The stream has audio. Known late (its first packet after the first keyframe), the
+        segments start over: the init segment and the open segment have video only."""
+        if self.audio is not None:
+            return
+        self.audio = TrackSpec("audio", codec, sample_rate=sample_rate, channels=channels)
+        if self.init is None and self._open is None:
+            return
+        self._log.info("stream %s: audio joined, new init segment", self.stream)
+        self.init = None
+        self.segments.clear()
+        self._break = True  # a player appends the new init segment before the next one
+        if self._open is not None:
+            self.dropped += len(self._open.samples)
+            self._open = None
+            self.on_change()
 
     def push(self, kind: str, frame: Frame, stream_us: int) -> None:
         """One complete frame of ``kind`` at ``stream_us`` (its capture time in stream time)."""
@@ -270,6 +283,18 @@ class StreamSegmenter:
         assert self.video is not None
         return [self.video] + ([self.audio] if self.audio is not None else [])
 
+    def _mux(self, current: _Open, samples: list[Sample], what: str) -> tuple[bytes, bytes] | None:
+        """(header, body) of ``samples``; None when the muxer refused them, which fails the
+        open segment (it can no longer close whole)."""
+        mux = mux_mp4 if self.container == "mp4" else mux_webm
+        try:
+            return mux(self._tracks(), samples)
+        except MuxError as e:
+            self.mux_errors += 1
+            current.failed = True
+            self._log.warning("stream %s: %s not muxed: %s", self.stream, what, e)
+            return None
+
     def _cut(self, current: _Open, until_us: int | None) -> None:
         """The open segment's frames captured before ``until_us`` (all when None) become its
         next part; a part that cannot be muxed fails the segment."""
@@ -283,15 +308,10 @@ class StreamSegmenter:
             take = [s for s in take if s.track == VIDEO]
         if current.failed or not take:
             return
-        try:
-            mux = mux_mp4 if self.container == "mp4" else mux_webm
-            _, body = mux(self._tracks(), take)
-        except MuxError as e:
-            self.mux_errors += 1
-            current.failed = True
-            self._log.warning("stream %s: segment not muxed: %s", self.stream, e)
+        muxed = self._mux(current, take, "segment")
+        if muxed is None:
             return
-        current.parts.append(body)
+        current.parts.append(muxed[1])
         if self._open is current:
             self.on_change()
 
@@ -307,14 +327,10 @@ class StreamSegmenter:
         probe = [keyframe]
         if self.audio is not None:
             probe.append(Sample(AUDIO, keyframe.pts_us, SILENT_OPUS, True))
-        try:
-            mux = mux_mp4 if self.container == "mp4" else mux_webm
-            header, _ = mux(self._tracks(), probe)
-        except MuxError as e:
-            self.mux_errors += 1
-            current.failed = True
-            self._log.warning("stream %s: init segment not muxed: %s", self.stream, e)
+        muxed = self._mux(current, probe, "init segment")
+        if muxed is None:
             return
+        header = muxed[0]
         if header == self.init:
             return
         if self.init is not None:

@@ -143,9 +143,14 @@ class SegmentService(RelayObserver):
             )
             # The container follows the video codec; known before the first packet when the
             # publisher has negotiated, so the index names it from the first request.
-            video = self.relay.streams.by_name[stream].codecs.get("video")
+            codecs = self.relay.streams.by_name[stream].codecs
+            video, audio = codecs.get("video"), codecs.get("audio")
             if video is not None and video.name.lower() == "h264":
                 segmenter.video_codec = "h264"
+            # Its audio too, so the first init segment has the track even when the first
+            # keyframe comes before the first audio packet.
+            if audio is not None and audio.name.lower() == "opus":
+                segmenter.add_audio_track("opus", 48000, 2)
             live = self.live[stream] = _Live(segmenter, now)
             segmenter.on_change = live.changed
             log.info("stream %s: live segments started", stream)

@@ -204,6 +204,16 @@ async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
     assert not [p for p in video if 53.0 <= float(p["pts_time"]) < 54.0]
 
 
+async def _segmenting_h264(app_client: tuple[Client, Components]) -> tuple[Client, StreamSegmenter]:
+    """An H.264 stream the relay knows, being segmented (its index read once)."""
+    client, components = app_client
+    relay, segments = components.relay, components.segments
+    assert relay is not None and segments is not None
+    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
+    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
+    return client, segments.live["avc"].segmenter
+
+
 async def _open_number(seg: StreamSegmenter) -> int:
     current = seg.open_segment()
     assert current is not None
@@ -215,12 +225,7 @@ async def test_the_open_segment_streams_part_by_part_to_the_closed_bytes(
 ) -> None:
     """A GET of the segment being made answers at once with its parts so far, then each part
     as it is made, and ends when the segment closes: the bytes are the closed segment's."""
-    client, components = app_client
-    relay, segments = components.relay, components.segments
-    assert relay is not None and segments is not None
-    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
-    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
-    seg = segments.live["avc"].segmenter
+    client, seg = await _segmenting_h264(app_client)
     video = _h264_frames(75, gop=30)
 
     def push(frames: range) -> None:
@@ -255,12 +260,7 @@ async def test_the_open_segment_streams_part_by_part_to_the_closed_bytes(
 async def test_an_open_segment_that_is_dropped_is_cut_off_not_completed(
     app_client: tuple[Client, Components], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client, components = app_client
-    relay, segments = components.relay, components.segments
-    assert relay is not None and segments is not None
-    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
-    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
-    seg = segments.live["avc"].segmenter
+    client, seg = await _segmenting_h264(app_client)
     video = _h264_frames(30, gop=300)
     for i in range(12):
         seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
@@ -277,12 +277,7 @@ async def test_an_open_segment_that_is_dropped_is_cut_off_not_completed(
 async def test_a_reader_leaving_an_open_segment_is_no_error(
     app_client: tuple[Client, Components], caplog: pytest.LogCaptureFixture
 ) -> None:
-    client, components = app_client
-    relay, segments = components.relay, components.segments
-    assert relay is not None and segments is not None
-    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
-    assert (await client.get("/streams/avc/media/index.json", headers=AUTH)).status == 200
-    seg = segments.live["avc"].segmenter
+    client, seg = await _segmenting_h264(app_client)
     video = _h264_frames(60, gop=300)
     for i in range(12):
         seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)

@@ -440,3 +440,28 @@ def test_a_pause_in_the_audio_keeps_the_init_segment_and_the_window(
     assert {s["codec_type"]: s["codec_name"] for s in probe["streams"]} == {
         "video": "h264", "audio": "opus"}
     assert len(packets_by_kind(probe, "audio")) >= 45
+
+
+def test_audio_that_joins_after_the_first_keyframe_starts_the_segments_over(
+    tmp_path: Path,
+) -> None:
+    """The segmenter learns of the audio track from its first packet; when that comes after
+    the first keyframe, the init segment (and the open segment) have video only: they are
+    made again with both tracks, marked as a discontinuity (the tracks changed)."""
+    seg = _segmenter(part_us=200_000)
+    video, audio = _vp8_frames(90, gop=15), _opus_packets(150)
+    for i in range(5):  # video only at first
+        data, key = video[i]
+        seg.push("video", Frame(i, data, key, *(_vp8_dims(data) if key else (0, 0))),
+                 i * 1_000_000 // FPS + 137)
+    assert seg.init is not None and seg.codecs == ["vp8"]
+    seg.add_audio_track("opus", 48000, 2)
+    assert seg.init is None and seg.open_segment() is None
+    times = _run(seg, video[5:], 5 * 1_000_000 // FPS, audio[10:])
+    assert seg.codecs == ["vp8", "opus"] and seg.inits == 2
+    assert seg.segments[0].discontinuity and seg.segments[0].init == 2
+    path = tmp_path / "all.webm"
+    _write(seg, path)
+    probe = ffprobe(path)
+    assert {s["codec_type"] for s in probe["streams"]} == {"video", "audio"}
+    assert len(packets_by_kind(probe, "audio")) >= 50 and times

@@ -177,9 +177,7 @@ export class MsePlayer {
         index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
         this.index = index;
       }
-      // Trimmed here, between appends, so no two SourceBuffer operations overlap.
-      const trim = trimRange(ranges(this.buffer.buffered), this.video.currentTime);
-      if (trim !== null) await this.remove(trim[0], trim[1]);
+      await this.trim();
     } catch (err) {
       this.onStatus(String(err.message ?? err), true);
     } finally {
@@ -265,6 +263,7 @@ export class MsePlayer {
       if (chunk.done) break;
       received.push(chunk.value);
       await this.append(chunk.value);
+      await this.trim(); // a segment streams for its whole duration: trimmed as it goes
       if (!placed) {
         const span = added(before, ranges(this.buffer.buffered));
         if (span === null) continue; // no whole frame parsed yet
@@ -296,6 +295,13 @@ export class MsePlayer {
     this.stats.segments++;
     this.plan.streamed(true);
     return true;
+  }
+
+  // Drops what is far behind the playhead (bounded memory). Called between appends only, so no
+  // two SourceBuffer operations overlap.
+  async trim() {
+    const range = trimRange(ranges(this.buffer.buffered), this.video.currentTime);
+    if (range !== null) await this.remove(range[0], range[1]);
   }
 
   // How far behind the buffered edge low-latency playback stays: two and a half parts (a part
@@ -381,8 +387,8 @@ export class MsePlayer {
   fixPlayhead(stalled = false) {
     if (this.buffer === null || this.index === null) return;
     const target = this.index.target_duration_s;
-    // Low latency: back to lag() when more than a part and a half beyond it (a stall, a slow
-    // start); otherwise three target durations, back to one and a half.
+    // Low latency: back to lag() when more than three parts (at least 0.75 s) beyond it (a
+    // stall, a slow start); otherwise beyond three target durations, back to one and a half.
     const lag = this.lag();
     const limits = this.lowLatency
       ? { maxLagS: lag + Math.max(0.75, 3 * (this.index.part_duration_s ?? 0.2)), targetLagS: lag }
