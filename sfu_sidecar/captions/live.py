@@ -50,6 +50,8 @@ CATCH_UP_BEHIND_S = 10.0  # as the sync DataChannel's catch-up
 CATCH_UP_AHEAD_S = 120.0
 KEEPALIVE_S = 15.0
 RETRY_MS = 1000  # how soon EventSource reconnects after the stream ends
+HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+           "X-Accel-Buffering": "no"}  # nginx and others would otherwise buffer the stream
 
 
 def format_event(event: CaptionEvent) -> bytes:
@@ -84,6 +86,8 @@ class LiveCaptions:
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         stream = check_stream(request.match_info["stream"])
+        if request.method == "HEAD":  # what a GET would start, without a stream to hold open
+            return web.Response(headers=HEADERS)
         client = client_key(request.remote)
         if self.open[client] >= self.max_per_client:
             raise TooManyRequests(
@@ -92,10 +96,7 @@ class LiveCaptions:
         self.open[client] += 1
         subscription = self.service.events.subscribe(stream)
         self.subscriptions.add(subscription)
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                           "Cache-Control": "no-cache",
-                                           # Nginx and others would buffer the stream.
-                                           "X-Accel-Buffering": "no"})
+        resp = web.StreamResponse(headers=HEADERS)
         try:
             await resp.prepare(request)
             await resp.write(f"retry: {RETRY_MS}\n\n".encode())

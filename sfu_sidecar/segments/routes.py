@@ -95,8 +95,10 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
                            number: int) -> web.StreamResponse:
         # Immutable like a closed one: the bytes are the closed segment's, and a response that
         # cannot be completed is cut off without its last chunk, so no cache keeps a part of it.
-        resp = web.StreamResponse(headers={"Content-Type": CONTENT_TYPES[seg.container],
-                                           "Cache-Control": IMMUTABLE})
+        headers = {"Content-Type": CONTENT_TYPES[seg.container], "Cache-Control": IMMUTABLE}
+        if request.method == "HEAD":  # its length is not known until it closes
+            return web.Response(headers=headers)
+        resp = web.StreamResponse(headers=headers)
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         try:

@@ -134,3 +134,13 @@ async def test_open_streams_end_when_the_service_shuts_down(tmp_path: Path) -> N
     assert resp.status == 200
     await asyncio.wait_for(env.client.close(), 5)  # not the 60 s aiohttp waits for handlers
     assert env.service.events.subscriber_count == 0  # type: ignore[attr-defined]
+
+
+async def test_head_answers_the_headers_without_holding_a_stream(tmp_path: Path) -> None:
+    env = await start_env(tmp_path, Clock())
+    try:
+        resp = await asyncio.wait_for(env.client.head("/captions/s/live"), 5)
+        assert resp.status == 200 and resp.headers["Content-Type"] == "text/event-stream"
+        assert env.service.events.subscriber_count == 0  # type: ignore[attr-defined]
+    finally:
+        await env.client.close()

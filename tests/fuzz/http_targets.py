@@ -105,6 +105,12 @@ class Client:
             try:
                 conn.request(method, path, body=body or None, headers=headers)
                 resp = conn.getresponse()
+                if (resp.getheader("Content-Type") or "").startswith("text/event-stream"):
+                    # The live caption push lasts while the client listens: its status and
+                    # type are the answer, and the connection is given up.
+                    conn.close()
+                    self._conn = None
+                    return resp.status, {k.lower(): v for k, v in resp.getheaders()}, b""
                 data = resp.read()
                 answer = resp.status, {k.lower(): v for k, v in resp.getheaders()}, data
                 if resp.will_close:

@@ -236,6 +236,8 @@ async def test_the_open_segment_streams_part_by_part_to_the_closed_bytes(
     index = await (await client.get("/streams/avc/media/index.json", headers=AUTH)).json()
     assert index["segments"] == [] and index["open"]["url"] == "1000.m4s"
     assert index["open"]["parts"] == 1 and index["part_duration_s"] == 0.2
+    head = await asyncio.wait_for(client.head("/streams/avc/media/1000.m4s", headers=AUTH), 5)
+    assert head.status == 200 and head.headers["Content-Type"] == "video/mp4"
     resp = await client.get("/streams/avc/media/1000.m4s", headers=AUTH)
     assert resp.status == 200 and resp.headers["Transfer-Encoding"] == "chunked"
     assert resp.headers["Cache-Control"] == "public, max-age=31536000, immutable"
