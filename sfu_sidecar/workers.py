@@ -115,6 +115,13 @@ class Supervisor:
     _next_viewer: int = 0
     _http: aiohttp.ClientSession | None = None
     _stopping: bool = False
+    # Handlers relaying a streamed answer (a live caption push lasts while its client listens):
+    # ended at shutdown, which would otherwise wait for them before stopping the workers.
+    _streaming: set[asyncio.Task[Any]] = field(default_factory=set)
+
+    async def end_streams(self, _app: web.Application | None = None) -> None:
+        for task in list(self._streaming):
+            task.cancel()
 
     # --- processes --------------------------------------------------------------------------
 
@@ -269,7 +276,13 @@ class Supervisor:
                 headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_BY_HOP}
                 status = resp.status
                 if resp.content_length is None and request.method != "HEAD" and status == 200:
-                    return await _stream(request, resp, headers)
+                    task = asyncio.current_task()
+                    assert task is not None
+                    self._streaming.add(task)
+                    try:
+                        return await _stream(request, resp, headers)
+                    finally:
+                        self._streaming.discard(task)
                 payload = await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             return _json(503, f"worker {worker.index} did not answer ({type(exc).__name__}); "
@@ -410,7 +423,8 @@ async def _stream(request: web.Request, resp: aiohttp.ClientResponse,
             await out.write(chunk)
     except ConnectionError:
         return out  # the client left
-    except (aiohttp.ClientError, TimeoutError):
+    except (aiohttp.ClientError, TimeoutError, asyncio.CancelledError):
+        # Cut off by the worker, or ended by the supervisor's shutdown: cut off here too.
         if request.transport is not None:
             request.transport.close()
         return out
@@ -450,6 +464,7 @@ async def supervise(settings: Settings, count: int, argv: Sequence[str]) -> None
     await web.TCPSite(directory_runner, "127.0.0.1", supervisor.directory_port).start()
     public = web.Application(client_max_size=settings.max_body_bytes)
     public.router.add_route("*", "/{tail:.*}", supervisor.handle)
+    public.on_shutdown.append(supervisor.end_streams)
     runner = web.AppRunner(public, access_log=None, handle_signals=False)
     stop = stop_on_signals()
     await runner.setup()

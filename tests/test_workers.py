@@ -372,3 +372,16 @@ async def test_live_captions_and_a_segment_being_made_stream_through_the_supervi
                 assert b"".join(pieces) == await closed.read()
         finally:
             await publisher.close()
+
+        # A stream still open does not hold the shutdown up: the supervisor ends it, stops its
+        # workers and exits by itself, well within the 8 s before it would be killed.
+        pids = [w["pid"] for w in (await get_json(http, f"{base}/api/workers"))["workers"]]
+        listening = await http.get(f"{base}/captions/{stream}/live")
+        assert listening.status == 200
+        started = time.monotonic()
+        assert await asyncio.get_running_loop().run_in_executor(None, supervisor.stop) == 0
+        assert time.monotonic() - started < 8
+        listening.close()
+        for pid in pids:
+            assert not Path(f"/proc/{pid}").exists() or \
+                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
