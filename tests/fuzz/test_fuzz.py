@@ -47,4 +47,6 @@ def test_seeds_and_kept_cases_pass(name: str) -> None:
 def test_coverage_guided_inputs_find_nothing(name: str) -> None:
     result = run_target(name, RUNS, timeout_s=10, rss_mb=3072, seed=1, keep=False)
     assert result.exit_code == 0 and result.findings == 0, result.detail
-    assert result.inputs == RUNS, result
+    # libFuzzer stops once it has run at least that many (a fresh-clone run of the HTTP
+    # target, whose server answers on another thread, once counted 2007 for 2000).
+    assert result.inputs >= RUNS, result
