@@ -136,6 +136,12 @@ async def test_a_killed_worker_is_started_again(supervisor: ServerProcess) -> No
                 await viewer.close()
 
 
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has)."""
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
 def _proxy_key(pid: int) -> str:
     environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return next(e.split(b"=", 1)[1].decode() for e in environ
@@ -382,6 +388,4 @@ async def test_live_captions_and_a_segment_being_made_stream_through_the_supervi
         assert await asyncio.get_running_loop().run_in_executor(None, supervisor.stop) == 0
         assert time.monotonic() - started < 8
         listening.close()
-        for pid in pids:
-            assert not Path(f"/proc/{pid}").exists() or \
-                Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z", pid
+        assert not [pid for pid in pids if _running(pid)], pids
