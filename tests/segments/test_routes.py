@@ -214,6 +214,11 @@ async def _segmenting_h264(app_client: tuple[Client, Components]) -> tuple[Clien
     return client, segments.live["avc"].segmenter
 
 
+def _push_h264(seg: StreamSegmenter, video: list[tuple[bytes, bool]], frames: range) -> None:
+    for i in frames:
+        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+
+
 async def _open_number(seg: StreamSegmenter) -> int:
     current = seg.open_segment()
     assert current is not None
@@ -264,13 +269,12 @@ async def test_an_open_segment_that_is_dropped_is_cut_off_not_completed(
 ) -> None:
     client, seg = await _segmenting_h264(app_client)
     video = _h264_frames(30, gop=300)
-    for i in range(12):
-        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+    _push_h264(seg, video, range(12))
     resp = await client.get(f"/streams/avc/media/{await _open_number(seg)}.m4s", headers=AUTH)
     assert resp.status == 200
     # No keyframe comes and the open segment outgrows the memory bound: it is dropped.
     monkeypatch.setattr("sfu_sidecar.segments.segmenter.MAX_OPEN_BYTES", 1)
-    seg.push("video", _h264_frame(12, *video[12]), 137 + 12 * 1_000_000 // FPS)
+    _push_h264(seg, video, range(12, 13))
     assert seg.open_segment() is None
     with pytest.raises(aiohttp.ClientPayloadError):
         await asyncio.wait_for(resp.read(), 5)
@@ -281,12 +285,11 @@ async def test_a_reader_leaving_an_open_segment_is_no_error(
 ) -> None:
     client, seg = await _segmenting_h264(app_client)
     video = _h264_frames(60, gop=300)
-    for i in range(12):
-        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+    _push_h264(seg, video, range(12))
     resp = await client.get(f"/streams/avc/media/{await _open_number(seg)}.m4s", headers=AUTH)
     assert resp.status == 200 and await resp.content.readany()
     resp.close()
     for i in range(12, 60):  # parts made after the reader left
-        seg.push("video", _h264_frame(i, *video[i]), 137 + i * 1_000_000 // FPS)
+        _push_h264(seg, video, range(i, i + 1))
         await asyncio.sleep(0.005)
     assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")], caplog.text
