@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.harness import judge_pixels
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns, pytest.mark.timeout(150)]
 
@@ -48,26 +49,17 @@ def test_push_to_chromium_carries_capture_times_in_house_time() -> None:
     truth = {int(n): ns for n, ns in result["capture_log"].items()}
     frames = result["frames"]
     assert len(frames) >= 60, len(frames)
-    errors = []
-    for f in frames:
-        assert f["n"] in truth, f"frame number {f['n']} read off the pixels is unknown"
-        # The synchronization source describes the last frame received; it speaks for the
-        # presented one when their RTP timestamps agree.
-        if f["captureTimestamp"] is not None and f["srcRtp"] == f["rtp"]:
-            unix_ms = f["captureTimestamp"] - NTP_EPOCH_UNIX_MS
-            errors.append(abs(unix_ms * 1e6 - truth[f["n"]]))
-    assert len(errors) >= 20, (len(errors), len(frames))
-    errors.sort()
+    # The synchronization source describes the last frame received; it speaks for the
+    # presented one when their RTP timestamps agree. Chromium reports whole milliseconds.
+    reported = [(f["n"], round((f["captureTimestamp"] - NTP_EPOCH_UNIX_MS) * 1_000_000))
+                for f in frames if f["captureTimestamp"] is not None and f["srcRtp"] == f["rtp"]]
+    judged = judge_pixels(reported, truth, 1_000_001)
+    assert len(reported) >= 20, (len(reported), len(frames))
+    errors = sorted(judged.errors)
     print(f"\npush to Chromium: {len(frames)} frames, abs-capture-time error median "
           f"{errors[len(errors) // 2] / 1e6:.2f} ms, max {errors[-1] / 1e6:.2f} ms over "
           f"{len(errors)}")
-    # Chromium reports whole milliseconds. As in the other pixel-reading tests, one frame
-    # number per run may be misread off the canvas (it then names another frame's capture
-    # time, seconds away); it is printed, and a second one fails the run.
-    outliers = [e for e in errors if e > 1_000_001]
-    print(f"misread frames: {len(outliers)} {outliers}")
-    assert len(outliers) <= 1, errors[-5:]
-    assert errors[-1 - len(outliers)] <= 1_000_001, errors[-5:]
+    judged.check(tolerance_ns=1_000_001)
     assert result["delete"] == 200
     assert result["bridge_deletes"] == 1
 
