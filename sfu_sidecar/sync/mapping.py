@@ -53,6 +53,14 @@ SR_JITTER_NS = 40_000_000
 # Reports within this of the line through the window's first and last count as exact: their
 # fitted drift is real. A sender stamping at send time scatters by its encode delay, far more.
 SR_EXACT_NS = 1_000_000
+# Scattered reports anchor on the least late one no older than this. The anchor is extrapolated
+# at the nominal rate, so its error grows by the RTP clock's true rate error times its age, and
+# RTP clocks are not always near nominal: Chromium's audio under CPU load skips captured samples
+# (its RTP time counts samples), so its RTP time fell 1700 ppm behind its NTP time in a loaded
+# run, and an anchor 80 s old (16 reports at 5 s) put capture 100 ms early. 8 s bounds that to
+# about 14 ms plus the drift until the next report, and still leaves the eight reports of a 1 s
+# video report interval to choose the least late from.
+SR_ANCHOR_AGE_NS = 8 * NS
 # Capture precedes arrival; this much apparent lead is left to estimate error (the publisher
 # offset taken from the least-delay report, jitter of the report's send instant).
 SR_MAX_LEAD_NS = 50_000_000
@@ -452,9 +460,10 @@ class TrackMapping:
         Reports that lie on one line (an exact sender, such as a browser that derives both
         halves from the capture clock) give the newest point and the fitted drift. Reports
         that scatter (a sender that pairs a packet's timestamp with the time it was sent)
-        are never early, only late by that sender's delay: the least late of the window is
-        the anchor, and the slope is left nominal, since jitter of milliseconds over a window
-        of seconds would fit a drift of hundreds of ppm that is not there.
+        are never early, only late by that sender's delay: the least late of the recent ones
+        (SR_ANCHOR_AGE_NS) is the anchor, and the slope is left nominal, since jitter of
+        milliseconds over a window of seconds would fit a drift of hundreds of ppm that is not
+        there.
         """
         (e0, n0), (e1, n1) = self._sr[0], self._sr[-1]
         # Distance of every report from the line through the first and the last: an exact
@@ -463,9 +472,8 @@ class TrackMapping:
         if all(abs(ns - n0 - (ext - e0) * slope) <= SR_EXACT_NS for ext, ns in self._sr):
             s_ext, s_ns = self._sr[-1]
             return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate)
-        residuals = [ns - self._ticks_ns(ext) for ext, ns in self._sr]
-        best = min(range(len(residuals)), key=residuals.__getitem__)
-        s_ext, s_ns = self._sr[best]
+        recent = [(ext, ns) for ext, ns in self._sr if n1 - ns <= SR_ANCHOR_AGE_NS]
+        s_ext, s_ns = min(recent, key=lambda report: report[1] - self._ticks_ns(report[0]))
         return s_ext, s_ns, 0
 
     def _implied_latency(self, ext: int, publisher_ns: int) -> int | None:
