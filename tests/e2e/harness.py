@@ -12,7 +12,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["FRAME_NUMBER_JS", "LoopThread", "PixelJudgement", "judge_pixels"]
+__all__ = [
+    "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "LoopThread", "PixelJudgement", "in_stored_cue",
+    "judge_pixels",
+]
 
 
 class LoopThread:
@@ -123,3 +126,17 @@ def judge_pixels(frames: Iterable[tuple[int, int]], truth: Mapping[int, int],
         else:
             misread.append(abs(capture - true) if true is not None else -1)
     return PixelJudgement(errors, neighbours, misread)
+
+
+# The caption store keeps cue times in whole milliseconds of stream time, so a cue posted in
+# house ns may start or end up to half a millisecond off where it was asked to.
+STORE_ROUNDING_NS = 500_000
+
+
+def in_stored_cue(capture_ns: int, start_ns: int, end_ns: int) -> bool | None:
+    """Whether a frame captured at ``capture_ns`` lies in a cue posted as [start_ns, end_ns),
+    as the store keeps it; None for a frame within the store's rounding of a boundary, where
+    either answer is right."""
+    if min(abs(capture_ns - start_ns), abs(capture_ns - end_ns)) <= STORE_ROUNDING_NS:
+        return None
+    return start_ns <= capture_ns < end_ns

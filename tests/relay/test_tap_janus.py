@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT
+from tests.e2e.harness import in_stored_cue
 
 SECONDS = 10
 FRAME_NS = 33_333_333  # the publisher's 30 fps
@@ -83,10 +84,14 @@ def test_janus_forward_watched_in_chromium_shows_captions_on_their_frames() -> N
     assert result["cue_status"] in (200, 201)
     errors = []
     for cue in result["cues"]:
-        showing = [f for f in mapped if f["caption"] == cue["text"]]
-        inside = [f for f in mapped if cue["start"] <= int(f["capture"]) < cue["end"]]
+        # Frames within the store's rounding of a boundary may go either way.
+        clear = [f for f in mapped
+                 if in_stored_cue(int(f["capture"]), cue["start"], cue["end"]) is not None]
+        showing = [f for f in clear if f["caption"] == cue["text"]]
+        inside = [f for f in clear if in_stored_cue(int(f["capture"]), cue["start"], cue["end"])]
         assert showing == inside and len(showing) >= 30, (cue, len(showing), len(inside))
-        errors.append(abs(truth[showing[0]["n"]] - cue["start"]))
+        first = next(f for f in mapped if f["caption"] == cue["text"])
+        errors.append(abs(truth[first["n"]] - cue["start"]))
     errors.sort()
     print(f"caption error to true capture: {len(errors)} cues, "
           f"max {errors[-1] / 1e6:.1f} ms; capture estimate late by "
