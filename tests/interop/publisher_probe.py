@@ -251,7 +251,9 @@ def learn_rtp_lines(pub: dict[str, Any], truth: Truth) -> None:
         mine = [p for p in peer.sent if p.ssrc == ssrc]
         if not mine:
             continue
-        first = min(mine, key=lambda p: p.sequence_number)
+        # The first sent, not the lowest sequence number: aiortc starts at a random one, and
+        # a run that wraps past 65535 would take a packet from after the wrap for the first.
+        first = mine[0]
         truth.rtp_lines[kind] = (timeline.start_house_ns, rate, first.timestamp)
         sent: dict[bytes, list[int]] = {}
         for p in mine:
