@@ -18,7 +18,9 @@ What is used, and why:
   ``_ssrc``/``_rtx_ssrc`` are the SSRCs announced in the answer, which the relay writes.
 * ``aioice.Connection.gather_candidates`` is replaced per instance to bind the configured
   addresses and port range: aioice skips 127.0.0.1 and has no port-range option.
-* ``aiortc.codecs.HEADER_EXTENSIONS`` is extended to negotiate extra header extensions.
+* ``aiortc.codecs.HEADER_EXTENSIONS`` is extended to negotiate extra header extensions, and
+  ``aiortc.codecs.CODECS`` to negotiate VP9, which aiortc can neither encode nor decode: the
+  relay forwards its packets and never hands them to aiortc's codecs.
 * ``aioice.ice.CONSENT_INTERVAL`` sets how often a connected pair's consent is checked (RFC
   7675); aioice closes the connection after ``CONSENT_FAILURES`` checks in a row go unanswered,
   which is how the relay learns that a peer vanished without a DELETE.
@@ -36,12 +38,17 @@ from typing import Any
 import aioice
 import aioice.ice
 import aiortc
+import aiortc.codecs
 from aioice.candidate import Candidate, candidate_foundation, candidate_priority
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender
-from aiortc.codecs import HEADER_EXTENSIONS
+from aiortc.codecs import CODECS, HEADER_EXTENSIONS
 from aiortc.rate import RemoteBitrateEstimator
 from aiortc.rtcdtlstransport import RTCDtlsTransport
-from aiortc.rtcrtpparameters import RTCRtpHeaderExtensionParameters
+from aiortc.rtcrtpparameters import (
+    RTCRtcpFeedback,
+    RTCRtpCodecParameters,
+    RTCRtpHeaderExtensionParameters,
+)
 
 from sfu_sidecar import logs
 from sfu_sidecar.config import PortRange
@@ -61,6 +68,7 @@ __all__ = [
     "filter_sent",
     "install_ice",
     "negotiate_header_extension",
+    "negotiate_video_codec",
     "on_rtcp",
     "on_rtp",
     "rtp_sender",
@@ -83,6 +91,7 @@ REQUIRED: tuple[tuple[object, str], ...] = (
     (aioice.ice, "CONSENT_INTERVAL"),
     (aioice.ice, "CONSENT_FAILURES"),
     (RemoteBitrateEstimator, "add"),
+    (aiortc.codecs, "CODECS"),
 )
 _INSTANCE_FIELDS = {
     "sender": ("_ssrc", "_rtx_ssrc"),
@@ -162,6 +171,28 @@ def negotiate_header_extension(kind: str, uri: str) -> None:
     same_uri = [e.id for k in HEADER_EXTENSIONS.values() for e in k if e.uri == uri]
     ext_id = same_uri[0] if same_uri else min(i for i in range(1, 15) if i not in used)
     table.append(RTCRtpHeaderExtensionParameters(id=ext_id, uri=uri))
+
+
+def negotiate_video_codec(mime_type: str) -> None:
+    """Make every aiortc peer connection in this process offer/accept the video codec
+    ``mime_type`` (e.g. ``video/VP9``) with RTX, NACK, PLI and REMB, as aiortc's own video
+    codecs have. Process-wide, after aiortc's codecs, so aiortc's own offers still prefer those.
+    Only for codecs the relay forwards and nothing in this process encodes or decodes."""
+    table = CODECS["video"]
+    if any(c.mimeType.lower() == mime_type.lower() for c in table):
+        return
+    used = {c.payloadType for k in CODECS.values() for c in k}
+    pt = next(p for p in range(96, 127) if p not in used and p + 1 not in used)
+    table += [
+        RTCRtpCodecParameters(
+            mimeType=mime_type, clockRate=90000, payloadType=pt,
+            rtcpFeedback=[RTCRtcpFeedback(type="nack"),
+                          RTCRtcpFeedback(type="nack", parameter="pli"),
+                          RTCRtcpFeedback(type="goog-remb")],
+        ),
+        RTCRtpCodecParameters(mimeType="video/rtx", clockRate=90000, payloadType=pt + 1,
+                              parameters={"apt": pt}),
+    ]
 
 
 # --- receive side ---------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import struct
 from dataclasses import dataclass
 
 from sfu_sidecar.exceptions import BadInput
+from sfu_sidecar.relay.vp9 import vp9_keyframe_start
 
 # Fixed RTP header (RFC 3550 §5.1):
 #   V(2) P(1) X(1) CC(4) | M(1) PT(7) | sequence number (16) | timestamp (32) | SSRC (32)
@@ -200,6 +201,8 @@ def is_keyframe_start(codec: str, payload: bytes) -> bool:
         return _vp8_keyframe_start(payload)
     if codec == "h264":
         return _h264_keyframe_start(payload)
+    if codec == "vp9":
+        return vp9_keyframe_start(payload)
     return False
 
 

@@ -13,8 +13,8 @@ from aiortc import sdp as aiosdp
 from sfu_sidecar.exceptions import BadInput, NotAcceptable, Unprocessable
 
 # The codecs the relay forwards; anything else would need transcoding, which it never does.
-FORWARDABLE: dict[str, tuple[str, ...]] = {"audio": ("opus",), "video": ("vp8", "h264")}
-ACCEPTED_TEXT = "VP8, H.264 (packetization-mode=1) and Opus"
+FORWARDABLE: dict[str, tuple[str, ...]] = {"audio": ("opus",), "video": ("vp8", "vp9", "h264")}
+ACCEPTED_TEXT = "VP8, VP9, H.264 (packetization-mode=1) and Opus"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,7 @@ class CodecInfo:
     def forwardable(self) -> bool:
         if self.name == "h264":
             return str(self.parameters.get("packetization-mode", "0")) == "1"
-        return self.name in ("opus", "vp8")
+        return self.name in ("opus", "vp8", "vp9")
 
 
 @dataclass(frozen=True, slots=True)

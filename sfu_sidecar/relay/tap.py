@@ -42,7 +42,7 @@ from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 log = logs.get("relay.tap")
 
 STREAM_NAME = re.compile(r"[A-Za-z0-9_.~-]{1,128}")
-CLOCK_RATES = {"opus": 48000, "vp8": 90000, "h264": 90000}
+CLOCK_RATES = {"opus": 48000, "vp8": 90000, "vp9": 90000, "h264": 90000}
 # What an H.264 tap may say about its stream: the profile viewers negotiate, and the one
 # packetization mode the relay forwards.
 H264_PARAMETERS = ("profile-level-id", "packetization-mode", "level-asymmetry-allowed")

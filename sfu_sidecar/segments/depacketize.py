@@ -281,7 +281,8 @@ def avc_codec_string(sps: bytes) -> str:
 
 
 class _Bits:
-    """Big-endian bit reader over an RBSP, with Exp-Golomb codes (H.264 §9.1)."""
+    """Big-endian bit reader (an H.264 RBSP, a VP9 frame header), with Exp-Golomb codes (H.264
+    §9.1)."""
 
     def __init__(self, data: bytes) -> None:
         self.data = data
@@ -292,7 +293,7 @@ class _Bits:
         for _ in range(n):
             byte = self.pos >> 3
             if byte >= len(self.data):
-                raise ValueError("SPS truncated")
+                raise ValueError("bitstream truncated")
             value = (value << 1) | ((self.data[byte] >> (7 - (self.pos & 7))) & 1)
             self.pos += 1
         return value

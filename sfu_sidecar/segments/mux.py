@@ -41,7 +41,7 @@ class MuxError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class TrackSpec:
-    """One track of the container: ``codec`` is vp8, h264 or opus; video needs its
+    """One track of the container: ``codec`` is vp8, vp9, h264 or opus; video needs its
     dimensions in WebM (MP4 players read them from the SPS)."""
 
     kind: str
@@ -66,7 +66,7 @@ MP4_FLAGS = "frag_keyframe+empty_moov+delay_moov+default_base_moof+frag_discont+
 
 
 def _add_track(container: OutputContainer, spec: TrackSpec) -> av.stream.Stream:
-    if spec.codec in ("vp8", "h264"):
+    if spec.codec in ("vp8", "vp9", "h264"):
         # A stream without a codec context: nothing is opened, the packets pass through.
         # The RTP clock's timebase; WebM replaces it with its own 1 ms.
         return container.add_mux_stream(spec.codec, width=spec.width, height=spec.height,
@@ -105,7 +105,8 @@ def _mux(fmt: str, options: dict[str, str], tracks: Sequence[TrackSpec],
 
 
 def mux_webm(tracks: Sequence[TrackSpec], samples: Sequence[Sample]) -> tuple[bytes, bytes]:
-    """(header, cluster bytes) for ``samples`` (VP8, Opus), muxed in pts order per track."""
+    """(header, cluster bytes) for ``samples`` (VP8 or VP9, Opus), muxed in pts order per
+    track."""
     out, header_len = _mux("webm", {"live": "1", "fflags": "+bitexact"}, tracks, samples)
     cut = out.find(CLUSTER_ID, header_len)
     if cut < 0:

@@ -1,6 +1,6 @@
 """HTTP routes of the live segments: init segment, media segments, JSON index, per stream.
 
-``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8), or
+``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8, VP9), or
 ``.../init.mp4`` and ``.../{n}.m4s`` (H.264), and for H.264 the HLS playlists
 ``.../master.m3u8`` and ``.../media.m3u8``. The segment being made (the index's ``open``) is
 served while it is made, with chunked transfer: each part as it is muxed, the rest when it
@@ -147,7 +147,7 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
             # 404, not 415 or 406: those answer a request's own body or Accept header, and
             # here the resource itself does not exist for this stream.
             raise NotFound(f"stream {seg.stream} has {codec.upper()} video; HLS carries "
-                           "fragmented MP4 (H.264 publishers), and VP8 streams are WebM: "
+                           "fragmented MP4 (H.264 publishers), and VP8 and VP9 streams are WebM: "
                            "read them through index.json")
         epoch = service.captions.epoch(seg.stream)
         if seg.init is None or not seg.segments or epoch is None:

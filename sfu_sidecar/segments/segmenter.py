@@ -1,5 +1,5 @@
 """One stream's live segments: frames in (with stream times), init and media segments out
-(VP8 + Opus in WebM, H.264 + Opus in fragmented MP4).
+(VP8 or VP9 + Opus in WebM, H.264 + Opus in fragmented MP4).
 
 A segment opens on a video keyframe and closes at the first keyframe after it has lasted the
 target duration; when the target passes without one, the publisher is asked for a keyframe
@@ -94,7 +94,8 @@ class _Open:
 
 
 class StreamSegmenter:
-    """Segments for one stream: its video (``video_codec``, vp8 or h264) and optionally Opus."""
+    """Segments for one stream: its video (``video_codec``, vp8, vp9 or h264) and optionally
+    Opus."""
 
     def __init__(
         self,
@@ -277,7 +278,7 @@ class StreamSegmenter:
         if self.video_codec == "h264":
             sps = next(n for n in nal_units(frame.data) if n and n[0] & 0x1F == 7)
             return avc_codec_string(sps)
-        return "vp8"
+        return self.video_codec
 
     def _tracks(self) -> list[TrackSpec]:
         assert self.video is not None

@@ -24,6 +24,7 @@ from sfu_sidecar.segments.depacketize import (
     Vp8Depacketizer,
 )
 from sfu_sidecar.segments.segmenter import StreamSegmenter
+from sfu_sidecar.segments.vp9 import Vp9Depacketizer
 from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.tasks import Tasks
 
@@ -32,7 +33,10 @@ __all__ = ["SegmentService"]
 log = logs.get("segments")
 
 SWEEP_S = 1.0
-Depacketizer = Vp8Depacketizer | H264Depacketizer | OpusDepacketizer
+Depacketizer = Vp8Depacketizer | Vp9Depacketizer | H264Depacketizer | OpusDepacketizer
+VIDEO_DEPACKETIZERS: dict[str, type[Vp8Depacketizer | Vp9Depacketizer | H264Depacketizer]] = {
+    "vp8": Vp8Depacketizer, "vp9": Vp9Depacketizer, "h264": H264Depacketizer,
+}
 
 
 @dataclass
@@ -199,11 +203,11 @@ class SegmentService(RelayObserver):
         segmenter = live.segmenter
         # The container follows the video codec, fixed by the first keyframe; a later publisher
         # with another codec cannot continue these segments.
-        if kind == "video" and name in ("vp8", "h264") and (
+        if kind == "video" and name in VIDEO_DEPACKETIZERS and (
             segmenter.video is None or segmenter.video_codec == name
         ):
             segmenter.video_codec = name
-            return Vp8Depacketizer() if name == "vp8" else H264Depacketizer()
+            return VIDEO_DEPACKETIZERS[name]()
         if kind == "audio" and name == "opus":
             segmenter.add_audio_track("opus", 48000, 2)
             return OpusDepacketizer()

@@ -5,9 +5,11 @@ service (clock, captions, relay, sync) runs with a publish token on an event loo
 Chromium opens ``/publish`` with its fake camera and microphone and:
 
 1. starts with a wrong token: the page must show the service's 401 reason, nothing published;
-2. for each codec (VP8, then H.264, each on its own stream): starts with the right token, an
-   aiortc WHEP viewer decodes what the relay forwards, a caption typed into the page's box is
-   sent (the test reads house time just before and after the click), then Stop.
+2. for each codec (VP8, VP9, then H.264, each on its own stream): starts with the right token,
+   a WHEP viewer decodes what the relay forwards (aiortc; for VP9, which aiortc lacks, the
+   viewer records the packets and libvpx and libopus decode them), the stream's first live
+   segment is decoded with PyAV, a caption typed into the page's box is sent (the test reads
+   house time just before and after the click), then Stop.
 
 Prints one JSON line: what the page showed, and what the service saw at each step.
 """
@@ -30,12 +32,13 @@ from aiohttp import web
 from sfu_sidecar.app import build_app, build_components
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.segments.vp9 import Vp9Depacketizer
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
 from tests.e2e.harness import LoopThread
-from tests.relay.peers import frames, view
+from tests.relay.peers import frames, view, wait_for
 
 TOKEN = "page-probe-token"
-CODECS = ("vp8", "h264")
+CODECS = ("vp8", "vp9", "h264")
 VIEW_FRAMES = 30  # a second of the fake camera's 30 fps
 AUDIO_FRAMES = 25  # half a second of 20 ms Opus frames
 PAGE_TIMEOUT_MS = 20_000
@@ -110,12 +113,15 @@ def publisher_sync(service: Service, stream: str, limit_s: float) -> dict[str, A
         time.sleep(0.1)
 
 
-async def watch(base: str, stream: str) -> tuple[dict[str, Any], Any]:
-    """An aiortc WHEP viewer: decodes frames of each kind; returns what it saw and the peer."""
+async def watch(base: str, stream: str, codec: str) -> tuple[dict[str, Any], Any]:
+    """A WHEP viewer: decodes frames of each kind; returns what it saw and the peer."""
     async with aiohttp.ClientSession() as http:
-        peer = await view(http, base, stream)
-    video = await frames(peer.tracks["video"], VIEW_FRAMES, 15)
-    audio = await frames(peer.tracks["audio"], AUDIO_FRAMES, 15)
+        peer = await view(http, base, stream, decode=codec != "vp9")
+    if codec == "vp9":
+        video, audio = await decode_recorded(peer)
+    else:
+        video = await frames(peer.tracks["video"], VIEW_FRAMES, 15)
+        audio = await frames(peer.tracks["audio"], AUDIO_FRAMES, 15)
     out: dict[str, Any] = {
         "video_frames": len(video), "width": video[-1].width, "height": video[-1].height,
         "audio_frames": len(audio), "audio_rate": audio[-1].sample_rate,
@@ -125,6 +131,64 @@ async def watch(base: str, stream: str) -> tuple[dict[str, Any], Any]:
         out[f"{kind}_codec"] = codec
         out[f"{kind}_packets"] = sum(1 for p in peer.received if p.payload_type == pt)
     return out, peer
+
+
+async def decode_recorded(peer: Any) -> tuple[list[Any], list[Any]]:
+    """VP9 and Opus frames decoded by libvpx and libopus (PyAV) from the packets the viewer
+    received: aiortc has no VP9 decoder."""
+    import av
+
+    video_pt = answered_codec(peer.answer, "video")[0]
+    audio_pt = answered_codec(peer.answer, "audio")[0]
+
+    def decoded() -> tuple[list[Any], list[Any]]:
+        vp9 = av.CodecContext.create("libvpx-vp9", "r")
+        opus = av.CodecContext.create("libopus", "r")
+        dep = Vp9Depacketizer()
+        video, audio = [], []
+        for p in list(peer.received):  # in arrival order, as a receiver takes them
+            if p.payload_type == video_pt:
+                frame = dep.push(p.sequence_number, p.timestamp, p.marker, p.payload)
+                if frame is not None:
+                    video += vp9.decode(av.Packet(frame.data))
+            elif p.payload_type == audio_pt:
+                audio += opus.decode(av.Packet(p.payload))
+        return video, audio
+
+    got: tuple[list[Any], list[Any]] = ([], [])
+
+    def enough() -> bool:
+        nonlocal got
+        got = decoded()
+        return len(got[0]) >= VIEW_FRAMES and len(got[1]) >= AUDIO_FRAMES
+
+    await wait_for(enough, 15, "VP9 and Opus frames decoded from the packets received")
+    return got[0][:VIEW_FRAMES], got[1][:AUDIO_FRAMES]
+
+
+def first_segment(service: Service, stream: str) -> dict[str, Any]:
+    """The stream's init and first closed live segment, decoded by PyAV (FFmpeg's demuxers and
+    libvpx / libavcodec's H.264): codec, size and frame count."""
+    import io
+
+    import av
+
+    def listed() -> dict[str, Any] | None:
+        status, index = service.get(f"/streams/{stream}/media/index.json")
+        return dict(index) if status == 200 and index.get("segments") else None
+
+    index = poll(listed, 15, "a closed live segment")
+    base = f"{service.base}/streams/{stream}/media/"
+    with urllib.request.urlopen(base + index["init"], timeout=5) as resp:
+        data = resp.read()
+    with urllib.request.urlopen(base + index["segments"][0]["url"], timeout=5) as resp:
+        data += resp.read()
+    with av.open(io.BytesIO(data)) as container:
+        stream_info = container.streams.video[0]
+        pictures = list(container.decode(video=0))
+    return {"codecs": index["codecs"], "container": index["container"],
+            "codec": stream_info.codec_context.name, "frames": len(pictures),
+            "size": [pictures[0].width, pictures[0].height] if pictures else None}
 
 
 def answered_codec(sdp: str, kind: str) -> tuple[int, str]:
@@ -183,7 +247,8 @@ def publish_one(page: Any, service: Service, codec: str) -> dict[str, Any]:
         return dict(body)
 
     out["stream_live"] = poll(flowing, 15, "video and audio packets at the relay")
-    out["viewer"], peer = service.call(watch(service.base, stream))
+    out["viewer"], peer = service.call(watch(service.base, stream, codec))
+    out["segment"] = first_segment(service, stream)
     out["stream_viewed"] = service.get(f"/api/streams/{stream}")[1]
     out["sync"] = publisher_sync(service, stream, 5)
     page.wait_for_function("() => window.sfuPublisher.bitrate.video > 0", timeout=PAGE_TIMEOUT_MS)

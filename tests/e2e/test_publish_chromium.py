@@ -2,7 +2,8 @@
 
 The probe (publish_probe.py) runs the whole service with a publish token and drives the page
 with Chromium's fake camera and microphone: a start with a wrong token, then one publication
-per video codec (VP8, H.264) watched by an aiortc WHEP viewer, a caption sent from the page's
+per video codec (VP8, VP9, H.264) watched by a WHEP viewer and read from the live segments, a
+caption sent from the page's
 box, and Stop. Everything asserted here was read from the service (its status routes, the
 caption feed and chunks, the relay's record of how sessions ended) or from the viewer.
 """
@@ -22,7 +23,8 @@ pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
 # The probe waits for the machine-wide browser lock, which other users may hold for a while.
 PROBE_TIMEOUT_S = 240
-CODECS = {"vp8": "video/VP8", "h264": "video/H264"}
+CODECS = {"vp8": "video/VP8", "vp9": "video/VP9", "h264": "video/H264"}
+CONTAINERS = {"vp8": "webm", "vp9": "webm", "h264": "mp4"}
 # The store keeps cue times in whole milliseconds of stream time.
 STORE_ROUNDING_NS = 500_000
 
@@ -74,6 +76,14 @@ def test_the_page_publishes_video_and_audio_with_the_chosen_codec(
     assert viewer["video_packets"] > 0 and viewer["audio_packets"] > 0, viewer
     relayed = run["stream_viewed"]["viewers"][0]["tracks"]
     assert all(t["packets_sent"] > 0 for t in relayed), relayed
+
+    # The live segments carry the publisher's frames without transcoding: FFmpeg decodes the
+    # first one, in the publisher's codec and size.
+    segment = run["segment"]
+    assert segment["container"] == CONTAINERS[codec] and segment["codecs"][0].startswith(
+        "avc1" if codec == "h264" else codec), segment
+    assert segment["codec"] == codec, segment
+    assert segment["frames"] >= 15 and segment["size"] == [640, 360], segment
 
     # The page reports what it sends: the codec and a bitrate from outbound-rtp bytesSent.
     page = run["page_publishing"]

@@ -42,6 +42,24 @@ def test_negotiate_header_extension_is_idempotent_and_shares_ids() -> None:
             HEADER_EXTENSIONS[kind][:] = [e for e in HEADER_EXTENSIONS[kind] if e.uri != uri]
 
 
+async def test_negotiate_video_codec_offers_it_after_aiortcs_own_with_rtx_and_feedback() -> None:
+    aiortc_adapter.negotiate_video_codec("video/VP9")
+    aiortc_adapter.negotiate_video_codec("video/VP9")  # idempotent
+    pc = client_pc()
+    try:
+        pc.addTransceiver("video", direction="recvonly")
+        offer = (await pc.createOffer()).sdp
+    finally:
+        await pc.close()
+    rtpmaps = [line.split(":", 1)[1] for line in offer.splitlines()
+               if line.startswith("a=rtpmap:")]
+    names = [m.split()[1].split("/")[0] for m in rtpmaps]
+    assert names.count("VP9") == 1 and names.index("VP8") < names.index("VP9"), names
+    pt = next(m.split()[0] for m in rtpmaps if " VP9/90000" in m)
+    assert f"a=fmtp:{int(pt) + 1} apt={pt}" in offer
+    assert f"a=rtcp-fb:{pt} nack pli" in offer and f"a=rtcp-fb:{pt} nack" in offer
+
+
 async def test_install_ice_announces_loopback_inside_the_port_range() -> None:
     low = free_port(kind=2)  # SOCK_DGRAM
     ports = PortRange(low, low + 3)

@@ -144,7 +144,8 @@ async def test_bad_requests_get_specific_statuses(relay_factory) -> None:
     status, body, _ = await _post(relay, "/whip/s", "v=0\r\n" + "a=x\r\n" * 2000, SDP)
     assert status == 413
     # Only codecs we cannot forward: 406 naming the ones we accept.
-    unforwardable = offer.replace("VP8/90000", "VP9/90000").replace("H264/90000", "H265/90000")
+    unforwardable = (offer.replace("VP8/90000", "AV1/90000").replace("VP9/90000", "AV1/90000")
+                     .replace("H264/90000", "H265/90000"))
     status, body, _ = await _post(relay, "/whip/s", unforwardable, SDP)
     assert status == 406 and "VP8" in str(body["error"]) and "Opus" in str(body["error"])
     # A viewer offer sent to WHIP (recvonly) is refused, and the stream slot stays free.

@@ -35,7 +35,7 @@ OFFER = "\r\n".join([
     "a=fingerprint:sha-256 " + ":".join(["AB"] * 32),
     "a=setup:actpass",
     "a=rtcp-mux",
-    "a=rtpmap:96 VP9/90000",
+    "a=rtpmap:96 AV1/90000",
     "a=rtpmap:97 VP8/90000",
     "a=rtpmap:102 rtx/90000",
     "a=fmtp:102 apt=97",
@@ -54,7 +54,7 @@ def test_parse_summarises_media() -> None:
     assert (audio.kind, audio.mid, audio.direction, audio.primary.name) == (
         "audio", "0", "sendonly", "opus"
     )
-    assert video.primary.name == "vp9"  # first offered; not forwardable
+    assert video.primary.name == "av1"  # first offered; not forwardable
     assert [c.name for c in video.codecs if c.forwardable] == ["vp8"]
     assert video.rtx_for(97) == 102 and video.rtx_for(96) is None
     assert video.extensions[
@@ -68,8 +68,11 @@ def test_check_offer_refusals() -> None:
     with pytest.raises(BadInput, match="a viewer must receive"):
         sdp.check_offer(sdp.parse(OFFER, what="offer"), publishing=False)
     no_codec = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 AV1/90000")
-    with pytest.raises(NotAcceptable, match=r"VP8, H\.264"):
+    with pytest.raises(NotAcceptable, match=r"VP8, VP9, H\.264"):
         sdp.check_offer(sdp.parse(no_codec, what="offer"), publishing=True)
+    vp9 = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 VP9/90000")
+    assert [c.name for c in sdp.parse(vp9, what="offer").media[1].codecs if c.forwardable] == [
+        "vp9"]
     h264_mode0 = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 H264/90000")
     with pytest.raises(NotAcceptable):
         sdp.check_offer(sdp.parse(h264_mode0, what="offer"), publishing=True)

@@ -2,7 +2,7 @@
 // ingest bodies in exact house ns, outgoing bitrate from getStats reports, server reasons.
 // No DOM, no network, no clock read here: every time is an argument.
 
-export const VIDEO_CODECS = { vp8: "video/VP8", h264: "video/H264" };
+export const VIDEO_CODECS = { vp8: "video/VP8", vp9: "video/VP9", h264: "video/H264" };
 
 // Longest cue the ingest accepts (sfu_sidecar/captions/model.py MAX_CUE_MS).
 export const MAX_CUE_S = 3600;
@@ -31,16 +31,27 @@ function h264Rank(codec) {
   return 2;
 }
 
+// VP9 profile 0 (8-bit 4:2:0) first: every VP9 decoder has it, where profiles 1-3 are optional.
+function vp9Rank(codec) {
+  return (fmtpOf(codec)["profile-id"] ?? "0") === "0" ? 0 : 1;
+}
+
 // `capabilities`: RTCRtpSender.getCapabilities("video").codecs. Returns the list for
-// setCodecPreferences that offers `choice` ("vp8" | "h264") and nothing else but its
+// setCodecPreferences that offers `choice` ("vp8" | "vp9" | "h264") and nothing else but its
 // retransmission (RTX): the offer then cannot end up with another codec.
 export function preferredCodecs(capabilities, choice) {
   const mime = VIDEO_CODECS[choice];
-  if (mime === undefined) throw new InputError(`unknown codec ${JSON.stringify(choice)}; use vp8 or h264`);
+  if (mime === undefined) {
+    throw new InputError(`unknown codec ${JSON.stringify(choice)}; use vp8, vp9 or h264`);
+  }
   let chosen = capabilities.filter((c) => c.mimeType.toLowerCase() === mime.toLowerCase());
   if (choice === "h264") {
     chosen = chosen.filter((c) => fmtpOf(c)["packetization-mode"] === "1");
     chosen = chosen.map((c, i) => [h264Rank(c), i, c]).sort((a, b) => a[0] - b[0] || a[1] - b[1])
+      .map(([, , c]) => c);
+  }
+  if (choice === "vp9") {
+    chosen = chosen.map((c, i) => [vp9Rank(c), i, c]).sort((a, b) => a[0] - b[0] || a[1] - b[1])
       .map(([, , c]) => c);
   }
   if (chosen.length === 0) {

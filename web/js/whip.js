@@ -52,7 +52,7 @@ function videoCapabilities() {
     ?? globalThis.RTCRtpReceiver?.getCapabilities?.("video"))?.codecs ?? [];
 }
 
-// Publishes `media` (a MediaStream) to `endpoint` (e.g. /whip/live). `codec`: "vp8" or "h264".
+// Publishes `media` (a MediaStream) to `endpoint` (e.g. /whip/live). `codec`: "vp8", "vp9" or "h264".
 // Throws WhipError with the server's status and reason when it answers anything but 201.
 export async function publishWhip(endpoint, media, { token, codec = "vp8", iceTimeoutMs = 2000 } = {}) {
   const headers = token ? { Authorization: `Bearer ${token}` } : {};

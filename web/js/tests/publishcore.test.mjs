@@ -19,6 +19,7 @@ const CAPS = [
     sdpFmtpLine: "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=640034" },
   { mimeType: "video/H264", clockRate: 90000,
     sdpFmtpLine: "level-asymmetry-allowed=1;packetization-mode=1;profile-level-id=42e01f" },
+  { mimeType: "video/VP9", clockRate: 90000, sdpFmtpLine: "profile-id=2" },
   { mimeType: "video/VP9", clockRate: 90000, sdpFmtpLine: "profile-id=0" },
   { mimeType: "video/red", clockRate: 90000 },
   { mimeType: "video/ulpfec", clockRate: 90000 },
@@ -33,6 +34,11 @@ test("H.264 offers packetization-mode 1 only, constrained baseline first, then b
   assert.deepEqual(chosen.map((c) => c.sdpFmtpLine?.match(/profile-level-id=(\w+)/)?.[1] ?? c.mimeType),
     ["42e01f", "42001f", "640034", "video/rtx"]);
   assert.ok(chosen.every((c) => c.mimeType === "video/rtx" || /packetization-mode=1/.test(c.sdpFmtpLine)));
+});
+
+test("VP9 offers profile 0 first, which every VP9 decoder has", () => {
+  assert.deepEqual(preferredCodecs(CAPS, "vp9").map((c) => c.sdpFmtpLine ?? c.mimeType),
+    ["profile-id=0", "profile-id=2", "video/rtx"]);
 });
 
 test("a codec the browser cannot send, or an unknown choice, is an input error naming it", () => {
