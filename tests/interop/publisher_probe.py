@@ -57,6 +57,8 @@ ROOT = HERE.parent.parent
 MASK32 = 0xFFFFFFFF
 NS = 1_000_000_000
 STREAM = "probe"
+# Longest a packet may take from the publisher through the relay to the viewer here (loopback).
+RELAY_WINDOW_NS = 300_000_000
 KINDS = ("gstreamer", "chromium", "chromium-act", "chromium-canvas", "aiortc", "aiortc-join")
 # Chromium canvas frames carry (capture instant - page base) in units of 0.1 ms in the 20-bit
 # block code of the synthetic source: 104 s of range.
@@ -169,7 +171,9 @@ class Truth:
         # (base ns, clock rate, upstream RTP base) per kind for publishers whose sent packets
         # are recorded: any upstream timestamp's capture instant follows.
         self.rtp_lines: dict[str, tuple[int, int, int]] = {}
-        self.sent_payloads: dict[str, dict[bytes, list[int]]] = {"audio": {}, "video": {}}
+        # Per kind: payload -> (RTP timestamp, send time) of every packet sent with it.
+        self.sent_payloads: dict[str, dict[bytes, list[tuple[int, int]]]] = {
+            "audio": {}, "video": {}}
 
     def of(self, kind: str, viewer_ts: int, offsets: dict[str, int]) -> int | None:
         known = self.by_viewer_ts[kind].get(viewer_ts)
@@ -248,31 +252,34 @@ def learn_rtp_lines(pub: dict[str, Any], truth: Truth) -> None:
         return
     for kind, rate in (("audio", 48_000), ("video", 90_000)):
         ssrc = peers.sent_ssrc(peer, kind)
-        mine = [p for p in peer.sent if p.ssrc == ssrc]
+        mine = [(p, at) for p, at in zip(peer.sent, peer.sent_ns, strict=True) if p.ssrc == ssrc]
         if not mine:
             continue
         # The first sent, not the lowest sequence number: aiortc starts at a random one, and
         # a run that wraps past 65535 would take a packet from after the wrap for the first.
-        first = mine[0]
+        first = mine[0][0]
         truth.rtp_lines[kind] = (timeline.start_house_ns, rate, first.timestamp)
-        sent: dict[bytes, list[int]] = {}
-        for p in mine:
-            sent.setdefault(p.payload, []).append(p.timestamp)
+        sent: dict[bytes, list[tuple[int, int]]] = {}
+        for p, at in mine:
+            sent.setdefault(p.payload, []).append((p.timestamp, at))
         truth.sent_payloads[kind] = sent
 
 
 def rewrite_offsets(viewer: peers.Peer, truth: Truth) -> dict[str, int]:
     """The relay's per-viewer timestamp rewrite: every received packet votes for the offsets to
-    the sent packets with its payload; the true offset gets every vote, while a payload sent
-    more than once (silence, a steady tone) scatters its others."""
+    the packets sent with its payload shortly before it arrived; the true offset gets every
+    vote, while a payload sent more than once (silence) scatters its others. Only packets sent
+    within RELAY_WINDOW_NS of the arrival count: the beep repeats each second, and its
+    packets, byte for byte the same every second, would give offsets 1 s apart equal votes."""
     offsets: dict[str, int] = {}
     for kind in ("audio", "video"):
         ssrc = peers.received_ssrc(viewer, kind)
         votes: collections.Counter[int] = collections.Counter()
-        for p in viewer.received:
+        for p, arrived in zip(viewer.received, viewer.received_ns, strict=True):
             candidates = truth.sent_payloads[kind].get(p.payload, []) if p.ssrc == ssrc else []
-            for upstream in candidates[:50]:
-                votes[(p.timestamp - upstream) & MASK32] += 1
+            for upstream, sent in candidates:
+                if 0 <= arrived - sent <= RELAY_WINDOW_NS:
+                    votes[(p.timestamp - upstream) & MASK32] += 1
         if votes:
             offsets[kind] = votes.most_common(1)[0][0]
     return offsets

@@ -97,6 +97,7 @@ class Peer:
     location: str
     answer: str
     sent: list[RtpPacket] = field(default_factory=list)
+    sent_ns: list[int] = field(default_factory=list)  # wall-clock send time of each sent
     received: list[RtpPacket] = field(default_factory=list)
     received_ns: list[int] = field(default_factory=list)  # wall-clock arrival of each received
     rtcp_received: list[bytes] = field(default_factory=list)
@@ -125,6 +126,7 @@ def _record_sent(peer: Peer) -> None:
             peer.dropped.append(pkt)
             return None  # lost on the way to the relay
         peer.sent.append(pkt)
+        peer.sent_ns.append(time.time_ns())
         return data
 
     for dtls in aiortc_adapter.dtls_transports(peer.pc):
