@@ -1,6 +1,15 @@
 """HLS playlists (RFC 8216) of a stream's live fragmented-MP4 segments: the media playlist of
-the segmenter's window, and the master playlist that names it with the stream's caption
-renditions (the WebVTT subtitle playlists of the caption component).
+the segmenter's window, a WebVTT subtitle playlist per caption language segmented alike, and
+the master playlist that names them.
+
+The subtitle playlists list, for each media segment, the caption window of its stream time
+(the caption component's ``/captions/{stream}/{lang}.vtt?start=&end=``), with the media
+playlist's sequence numbers, durations, program date-times and discontinuities. A player keeps
+a discontinuity counter per playlist and maps each WebVTT segment's ``X-TIMESTAMP-MAP`` with
+the media timing of its own discontinuity (RFC 8216 6.3.3: renditions must agree on
+discontinuities): across a break in the timeline, where a player closes the gap in its media
+time, the cues close it alike. hls.js 1.7.4, given the caption component's chunk playlist
+(fixed-length chunks with no discontinuities), showed every cue after a break late by the gap.
 
 Pure: every function takes the segments, the epoch and the languages as arguments.
 
@@ -12,7 +21,7 @@ the house time of the same stream time (epoch + stream time).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sfu_sidecar.captions.chunks import house_date_time
 from sfu_sidecar.segments.segmenter import Segment
@@ -24,6 +33,7 @@ __all__ = [
     "extinf_ms",
     "master_playlist",
     "media_playlist",
+    "subtitle_playlist",
     "target_duration",
 ]
 
@@ -47,16 +57,12 @@ def target_duration(segments: Sequence[Segment]) -> int:
     return max(1, -(-longest_ms // 1000))
 
 
-def media_playlist(
-    segments: Sequence[Segment], *, init_url: str, epoch_ns: int, media_ext: str = "m4s"
-) -> str:
-    """The live media playlist of ``segments`` (closed, in order, all of one init segment).
-
-    The segmenter drops its whole window when a new init segment is made, so every listed
-    segment needs the one ``init_url`` names and a single ``EXT-X-MAP`` serves them all.
-    """
+def _playlist(segments: Sequence[Segment], epoch_ns: int, header: list[str],
+              uri: Callable[[Segment], str]) -> str:
+    """A live playlist of ``segments``: the tags every rendition shares, ``header`` (the
+    media playlist's EXT-X-MAP), then each segment's tags and ``uri(segment)``."""
     if not segments:
-        raise ValueError("a media playlist needs at least one segment")
+        raise ValueError("a playlist needs at least one segment")
     first = segments[0]
     # 4.3.3.3: the discontinuity sequence of the first segment is the tag's value plus one if
     # the segment itself carries EXT-X-DISCONTINUITY.
@@ -67,7 +73,7 @@ def media_playlist(
         f"#EXT-X-TARGETDURATION:{target_duration(segments)}",
         f"#EXT-X-MEDIA-SEQUENCE:{first.sequence}",
         f"#EXT-X-DISCONTINUITY-SEQUENCE:{discontinuity_sequence}",
-        f'#EXT-X-MAP:URI="{init_url}"',
+        *header,
     ]
     for s in segments:
         if s.discontinuity:
@@ -77,8 +83,40 @@ def media_playlist(
         lines.append(f"#EXT-X-PROGRAM-DATE-TIME:{house_date_time(epoch_ns + s.start_us * 1000)}")
         ms = extinf_ms(s)
         lines.append(f"#EXTINF:{ms // 1000}.{ms % 1000:03d},")
-        lines.append(f"{s.number}.{media_ext}")
+        lines.append(uri(s))
     return "\n".join(lines) + "\n"
+
+
+def media_playlist(
+    segments: Sequence[Segment], *, init_url: str, epoch_ns: int, media_ext: str = "m4s"
+) -> str:
+    """The live media playlist of ``segments`` (closed, in order, all of one init segment).
+
+    The segmenter drops its whole window when a new init segment is made, so every listed
+    segment needs the one ``init_url`` names and a single ``EXT-X-MAP`` serves them all.
+    """
+    return _playlist(segments, epoch_ns, [f'#EXT-X-MAP:URI="{init_url}"'],
+                     lambda s: f"{s.number}.{media_ext}")
+
+
+def _stream_seconds(ms: int) -> str:
+    return f"{ms // 1000}.{ms % 1000:03d}"
+
+
+def subtitle_playlist(segments: Sequence[Segment], *, stream: str, lang: str,
+                      epoch_ns: int) -> str:
+    """The WebVTT subtitle playlist of ``lang`` segmented as the media playlist of
+    ``segments``: each entry the caption window of its media segment's stream time, whole
+    milliseconds around it (a cue shown in two windows is one cue to a player: same id, text
+    and times)."""
+
+    def window(s: Segment) -> str:
+        start_ms = s.start_us // 1000
+        end_ms = -(-(s.start_us + s.duration_us) // 1000)
+        return (f"/captions/{stream}/{lang}.vtt?start={_stream_seconds(start_ms)}"
+                f"&end={_stream_seconds(max(end_ms, start_ms + 1))}")
+
+    return _playlist(segments, epoch_ns, [], window)
 
 
 def bandwidth(segments: Sequence[Segment]) -> tuple[int, int]:
@@ -101,16 +139,16 @@ def bandwidth(segments: Sequence[Segment]) -> tuple[int, int]:
 def master_playlist(
     segments: Sequence[Segment],
     *,
-    stream: str,
     codecs: Sequence[str],
     resolution: tuple[int, int] | None,
     languages: Sequence[str],
     frame_rate: float | None = None,
     media_uri: str = "media.m3u8",
+    subtitles_uri: str = "subtitles-{lang}.m3u8",
 ) -> str:
     """The master playlist: one variant (the stream as relayed, no transcoding) with its
     measured bandwidth, RFC 6381 ``codecs`` and ``resolution``, and one subtitle rendition per
-    caption language, the first the default."""
+    caption language (``subtitles_uri`` with the language), the first the default."""
     peak, average = bandwidth(segments)
     lines = [
         "#EXTM3U",
@@ -124,7 +162,7 @@ def master_playlist(
         lines.append(
             f'#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="{SUBTITLES_GROUP}",NAME="{lang}",'
             f'LANGUAGE="{lang}",AUTOSELECT=YES,DEFAULT={"YES" if i == 0 else "NO"},'
-            f'URI="/captions/{stream}/{lang}/live.m3u8"'
+            f'URI="{subtitles_uri.format(lang=lang)}"'
         )
     # Plain WebVTT segments have no RFC 6381 identifier ("wvtt" names WebVTT in ISOBMFF), so
     # CODECS lists the audio and video formats only.

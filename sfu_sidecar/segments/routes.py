@@ -172,12 +172,21 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         video = seg.video
         # The frame rate is not measured by the segmenter, so FRAME-RATE (optional) is left out.
         return playlist(hls.master_playlist(
-            list(seg.segments), stream=seg.stream, codecs=seg.codecs,
+            list(seg.segments), codecs=seg.codecs,
             resolution=(video.width, video.height) if video is not None else None,
             languages=service.captions.languages(seg.stream),
         ))
 
+    async def subtitle_playlist(request: web.Request) -> web.Response:
+        seg, epoch = await hls_segmenter(request)
+        lang = request.match_info["lang"]
+        if lang not in service.captions.languages(seg.stream):
+            raise NotFound(f"stream {seg.stream} has no captions in {lang!r}")
+        return playlist(hls.subtitle_playlist(list(seg.segments), stream=seg.stream, lang=lang,
+                                              epoch_ns=epoch))
+
     app.router.add_get(f"{base}/index.json", index)
+    app.router.add_get(f"{base}/subtitles-{{lang:[A-Za-z0-9-]{{1,35}}}}.m3u8", subtitle_playlist)
     app.router.add_get(f"{base}/master.m3u8", master_playlist)
     app.router.add_get(f"{base}/media.m3u8", media_playlist)
     app.router.add_get(f"{base}/init.{{ext:webm|mp4}}", init)

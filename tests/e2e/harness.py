@@ -5,16 +5,21 @@ publisher draws into its pictures."""
 from __future__ import annotations
 
 import asyncio
+import fractions
 import threading
+import time
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sfu_sidecar.client.whip import WhipSession, publish
+from sfu_sidecar.synthetic import AUDIO_RATE, BeepAudioTrack, FlashVideoTrack, Timeline
+
 T = TypeVar("T")
 
 __all__ = [
-    "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "LoopThread", "PixelJudgement", "in_stored_cue",
-    "judge_pixels",
+    "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "Broadcaster", "LoopThread", "PixelJudgement",
+    "in_stored_cue", "judge_pixels",
 ]
 
 
@@ -140,3 +145,58 @@ def in_stored_cue(capture_ns: int, start_ns: int, end_ns: int) -> bool | None:
     if min(abs(capture_ns - start_ns), abs(capture_ns - end_ns)) <= STORE_ROUNDING_NS:
         return None
     return start_ns <= capture_ns < end_ns
+
+
+class Broadcaster:
+    """The browser probes' publisher: the synthetic source's numbered frames and beeps from one
+    timeline, published over WHIP to ``url`` with capture stamps and a clock join. It can leave
+    and come back as a new publisher session on the same stream (a break in the timeline)."""
+
+    def __init__(self, url: str, codec: str = "vp8") -> None:
+        self.url, self.codec = url, codec
+        self.timeline = Timeline.starting_now(time.time_ns)
+        self.video = FlashVideoTrack(self.timeline)
+        self.audio = BeepAudioTrack(self.timeline)
+        self.session: WhipSession | None = None
+
+    async def publish(self, capture_start_ns: int | None = None) -> Any:
+        """Publish the current tracks, whose first packets were captured at
+        ``capture_start_ns`` (the timeline's start by default); the clock join's report."""
+        if capture_start_ns is None:
+            capture_start_ns = self.timeline.start_house_ns
+        self.session = await publish(
+            self.url, [self.audio, self.video], capture_start_ns=capture_start_ns,
+            ice_addresses=("127.0.0.1",), video_codec=self.codec,
+        )
+        return await self.session.joined()
+
+    async def leave(self) -> None:
+        assert self.session is not None
+        await self.session.close()
+        self.session = None
+
+    async def come_back(self) -> None:
+        """A new publisher session on the same stream: new tracks whose frame numbers go on
+        from the old ones (so every number has one capture time) and whose capture clock is
+        the house clock from now, and a new RTP timestamp base (aiortc draws one per sender)."""
+        # Frame numbers go on at a multiple of 0.1 s, where a video frame and an audio frame
+        # start together: the stamper takes each track's first packet as captured at
+        # capture_start_ns, so both must start at that instant.
+        first = -(-(max(self.video.capture_log) + 1) // 3) * 3
+        seconds = fractions.Fraction(first, self.video.fps)
+        # A timeline that started `seconds` ago: frame `first` is captured now, not in a burst
+        # catching up on the time the publisher was away.
+        self.timeline = Timeline(time.time_ns() - int(seconds * 1_000_000_000),
+                                 time.monotonic() - float(seconds))
+        old_log = self.video.capture_log
+        self.video = FlashVideoTrack(self.timeline)
+        self.video.frame_index = first
+        self.video.capture_log = old_log
+        self.audio = BeepAudioTrack(self.timeline)
+        self.audio.samples_sent = int(seconds * AUDIO_RATE)
+        await self.publish(self.timeline.capture_ns(seconds))
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None

@@ -9,10 +9,15 @@ every request. The page records, for every presented frame, its media time and t
 read off the pixels; every cue hls.js puts on the subtitle text track; the fragments it plays;
 its live latency. Prints one JSON line with those, the ingested cues and the true capture time
 of each frame number.
+
+With ``--gap S`` the publisher leaves half-way through and a new one (a new RTP timestamp base)
+comes back S seconds later: the stream timeline breaks, and the playlists mark the
+discontinuity.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import fcntl
 import json
@@ -26,11 +31,9 @@ import aiohttp
 from aiohttp import web
 
 from sfu_sidecar.app import SERVICES_KEY, Components, build_app
-from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
-from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, ROOT, free_port
-from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
+from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread
 
 STREAM = "hls"
 TOKEN = "e2e-view"
@@ -94,7 +97,7 @@ class Service(LoopThread):
         super().__init__()
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.video: FlashVideoTrack | None = None
+        self.broadcaster = Broadcaster(f"{self.base}/whip/{STREAM}", "h264")
         self.joined: Any = None
         self.epoch: int | None = None
         self.cues: list[dict[str, Any]] = []
@@ -109,14 +112,7 @@ class Service(LoopThread):
         self.runner = web.AppRunner(app)
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-        timeline = Timeline.starting_now(time.time_ns)
-        self.video = FlashVideoTrack(timeline)
-        self.session: WhipSession = await publish(
-            f"{self.base}/whip/{STREAM}", [BeepAudioTrack(timeline), self.video],
-            capture_start_ns=timeline.start_house_ns, ice_addresses=("127.0.0.1",),
-            video_codec="h264",
-        )
-        self.joined = await self.session.joined()
+        self.joined = await self.broadcaster.publish()
         self.http = aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"})
         captions = self.components.captions
         assert captions is not None
@@ -156,7 +152,7 @@ class Service(LoopThread):
         for task in self.tasks:
             task.cancel()
         await self.http.close()
-        await self.session.close()
+        await self.broadcaster.close()
         await self.runner.cleanup()
 
 
@@ -177,6 +173,9 @@ def wait_available(url: str, timeout_s: float) -> float:
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--gap", type=float, default=0.0)
+    gap = parser.parse_args().gap
     service = Service()
     service.thread.start()
     if not service.ready.wait(30):
@@ -204,13 +203,21 @@ def main() -> None:
                 page.add_script_tag(path=str(HLS_JS))
                 result["hls_version"] = page.evaluate("() => Hls.version")
                 page.evaluate(PLAY_JS, {"src": f"{media}/master.m3u8", "token": TOKEN})
-                time.sleep(WATCH_S)
+                if gap:
+                    time.sleep(WATCH_S / 2)
+                    service.call(service.broadcaster.leave())
+                    time.sleep(gap)
+                    service.call(service.broadcaster.come_back())
+                    # hls.js plays a target latency behind: the break must reach the screen.
+                    time.sleep(WATCH_S)
+                else:
+                    time.sleep(WATCH_S)
                 result["page"] = page.evaluate(
                     "() => ({...window.probe, cues: Object.values(window.probe.cues)})")
             finally:
                 browser.close()
-    assert service.video is not None
-    result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}
+    capture_log = service.broadcaster.video.capture_log
+    result["capture_log"] = {str(n): ns for n, ns in capture_log.items()}
     result["ingested"] = service.cues
     result["segments"] = {str(n): s for n, s in service.segments.items()}
     service.stop()

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import fcntl
-import fractions
 import json
 import sys
 import tempfile
@@ -32,16 +31,13 @@ import aiohttp
 from aiohttp import web
 
 from sfu_sidecar.app import build_app
-from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
-from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
-from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
+from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread
 
 STREAM = "mse"
 CUE_EVERY_S = 2.0
 CUE_LENGTH_S = 1.2
-AUDIO_RATE = 48000
 
 # Records every presented frame, with the frame number read off its pixels.
 RECORD_JS = """
@@ -162,10 +158,7 @@ class Service(LoopThread):
         self.codec = codec
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
-        self.timeline = Timeline.starting_now(time.time_ns)
-        self.video = FlashVideoTrack(self.timeline)
-        self.audio = BeepAudioTrack(self.timeline)
-        self.session: WhipSession | None = None
+        self.broadcaster = Broadcaster(f"{self.base}/whip/{STREAM}", codec)
         self.extra_runners: list[web.AppRunner] = []
 
     async def _start(self) -> None:
@@ -175,45 +168,13 @@ class Service(LoopThread):
         self.runner = web.AppRunner(build_app(settings))
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
-        await self.publish()
-
-    async def publish(self, capture_start_ns: int | None = None) -> None:
-        """Publish the current tracks; their first packets were captured at
-        ``capture_start_ns`` (the timeline's start by default)."""
-        if capture_start_ns is None:
-            capture_start_ns = self.timeline.start_house_ns
-        self.session = await publish(
-            f"{self.base}/whip/{STREAM}", [self.audio, self.video],
-            capture_start_ns=capture_start_ns, ice_addresses=("127.0.0.1",),
-            video_codec=self.codec,
-        )
-        await self.session.joined()
+        await self.broadcaster.publish()
 
     async def leave(self) -> None:
-        assert self.session is not None
-        await self.session.close()
-        self.session = None
+        await self.broadcaster.leave()
 
     async def come_back(self) -> None:
-        """A new publisher session on the same stream: new tracks whose frame numbers go on
-        from the old ones (so every number has one capture time) and whose capture clock is
-        the house clock from now, and a new RTP timestamp base (aiortc draws one per sender)."""
-        # Frame numbers go on at a multiple of 0.1 s, where a video frame and an audio frame
-        # start together: the stamper takes each track's first packet as captured at
-        # capture_start_ns, so both must start at that instant.
-        first = -(-(max(self.video.capture_log) + 1) // 3) * 3
-        seconds = fractions.Fraction(first, self.video.fps)
-        # A timeline that started `seconds` ago: frame `first` is captured now, not in a burst
-        # catching up on the time the publisher was away.
-        self.timeline = Timeline(time.time_ns() - int(seconds * 1_000_000_000),
-                                 time.monotonic() - float(seconds))
-        old_log = self.video.capture_log
-        self.video = FlashVideoTrack(self.timeline)
-        self.video.frame_index = first
-        self.video.capture_log = old_log
-        self.audio = BeepAudioTrack(self.timeline)
-        self.audio.samples_sent = int(seconds * AUDIO_RATE)
-        await self.publish(self.timeline.capture_ns(seconds))
+        await self.broadcaster.come_back()
 
     async def post_cues(self, start_ns: int, count: int) -> list[dict[str, Any]]:
         cues = [
@@ -237,8 +198,7 @@ class Service(LoopThread):
     async def _stop(self) -> None:
         for runner in self.extra_runners:
             await runner.cleanup()
-        if self.session is not None:
-            await self.session.close()
+        await self.broadcaster.close()
         await self.runner.cleanup()
 
 
@@ -314,7 +274,8 @@ def main() -> None:
                 "t => ({kind: t.kind, language: t.language, mode: t.mode, cues: t.cues.length}))")
             browser.close()
     result["epoch_ns"] = service.call(service.epoch())
-    result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}
+    capture_log = service.broadcaster.video.capture_log
+    result["capture_log"] = {str(n): ns for n, ns in capture_log.items()}
     service.stop()
     print(json.dumps(result))
 

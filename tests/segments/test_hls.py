@@ -8,7 +8,13 @@ import re
 
 import pytest
 
-from sfu_sidecar.segments.hls import bandwidth, master_playlist, media_playlist, target_duration
+from sfu_sidecar.segments.hls import (
+    bandwidth,
+    master_playlist,
+    media_playlist,
+    subtitle_playlist,
+    target_duration,
+)
 from sfu_sidecar.segments.segmenter import Segment
 
 EPOCH_NS = 1_700_000_000_123_456_789  # 2023-11-14T22:13:20.123456789Z
@@ -53,6 +59,23 @@ def test_media_playlist_of_a_window_with_a_discontinuity() -> None:
 #EXTINF:1.000,
 16400.m4s
 """
+
+
+def test_subtitle_playlist_is_segmented_as_the_media_with_its_discontinuity() -> None:
+    """Each entry is the caption window of its media segment, whole milliseconds around it;
+    every tag a player aligns renditions by is the media playlist's."""
+    media = media_playlist([A, B, C, D, E], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+    text = subtitle_playlist([A, B, C, D, E], stream="cam-1", lang="pt-BR", epoch_ns=EPOCH_NS)
+    assert [line for line in text.splitlines() if line.startswith("#")] == [
+        line for line in media.splitlines()
+        if line.startswith("#") and not line.startswith("#EXT-X-MAP")]
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [
+        "/captions/cam-1/pt-BR.vtt?start=10.000&end=11.034",
+        "/captions/cam-1/pt-BR.vtt?start=11.033&end=12.068",
+        "/captions/cam-1/pt-BR.vtt?start=12.067&end=12.534",
+        "/captions/cam-1/pt-BR.vtt?start=14.000&end=16.401",
+        "/captions/cam-1/pt-BR.vtt?start=16.400&end=17.401",
+    ]
 
 
 def test_the_window_slides_over_the_discontinuity() -> None:
@@ -121,16 +144,16 @@ def test_bandwidth_is_the_fastest_segment_and_the_mean() -> None:
 
 
 def test_master_playlist_names_the_variant_and_each_caption_language() -> None:
-    text = master_playlist([A, B, C, D, E], stream="cam-1", codecs=["avc1.42e01f", "opus"],
+    text = master_playlist([A, B, C, D, E], codecs=["avc1.42e01f", "opus"],
                            resolution=(640, 360), languages=["en", "pt-BR"], frame_rate=30)
     assert text == """\
 #EXTM3U
 #EXT-X-VERSION:7
 #EXT-X-INDEPENDENT-SEGMENTS
 #EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="en",LANGUAGE="en",AUTOSELECT=YES,DEFAULT=YES,\
-URI="/captions/cam-1/en/live.m3u8"
+URI="subtitles-en.m3u8"
 #EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="pt-BR",LANGUAGE="pt-BR",AUTOSELECT=YES,\
-DEFAULT=NO,URI="/captions/cam-1/pt-BR/live.m3u8"
+DEFAULT=NO,URI="subtitles-pt-BR.m3u8"
 #EXT-X-STREAM-INF:BANDWIDTH=15484,AVERAGE-BANDWIDTH=10113,CODECS="avc1.42e01f,opus",\
 RESOLUTION=640x360,FRAME-RATE=30.000,SUBTITLES="subs"
 media.m3u8
@@ -138,7 +161,7 @@ media.m3u8
 
 
 def test_master_playlist_without_captions_or_a_known_frame_rate() -> None:
-    text = master_playlist([E], stream="s", codecs=["avc1.640028"], resolution=(1280, 720),
+    text = master_playlist([E], codecs=["avc1.640028"], resolution=(1280, 720),
                            languages=[])
     assert text.splitlines()[2:] == [
         "#EXT-X-INDEPENDENT-SEGMENTS",
@@ -152,4 +175,6 @@ def test_no_playlist_without_a_segment() -> None:
     with pytest.raises(ValueError):
         media_playlist([], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
     with pytest.raises(ValueError):
-        master_playlist([], stream="s", codecs=[], resolution=None, languages=[])
+        master_playlist([], codecs=[], resolution=None, languages=[])
+    with pytest.raises(ValueError):
+        subtitle_playlist([], stream="s", lang="en", epoch_ns=EPOCH_NS)

@@ -155,7 +155,7 @@ async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
     assert resp.headers["Cache-Control"] == "no-cache"
     master = (await resp.text()).splitlines()
     assert master[3] == ('#EXT-X-MEDIA:TYPE=SUBTITLES,GROUP-ID="subs",NAME="en",LANGUAGE="en",'
-                         'AUTOSELECT=YES,DEFAULT=YES,URI="/captions/avc/en/live.m3u8"')
+                         'AUTOSELECT=YES,DEFAULT=YES,URI="subtitles-en.m3u8"')
     assert f'CODECS="{seg.codecs[0]},opus",RESOLUTION=320x240,SUBTITLES="subs"' in master[4]
     assert master[5] == "media.m3u8"
 
@@ -166,6 +166,19 @@ async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
     assert [line for line in media if not line.startswith("#")] == [
         "50000.m4s", "51000.m4s", "52000.m4s", "54000.m4s"]
     assert media[media.index("54000.m4s") - 3] == "#EXT-X-DISCONTINUITY"
+    # The subtitle rendition is segmented as the media, its windows hold the cue.
+    resp = await client.get("/streams/avc/media/subtitles-en.m3u8", headers=AUTH)
+    assert resp.status == 200 and resp.headers["Cache-Control"] == "no-cache"
+    subtitles = (await resp.text()).splitlines()
+    windows = [line for line in subtitles if not line.startswith("#")]
+    assert len(windows) == 4 and "#EXT-X-DISCONTINUITY" in subtitles
+    assert subtitles[subtitles.index(windows[-1]) - 3] == "#EXT-X-DISCONTINUITY"
+    for url, holds_cue in zip(windows, (True, True, False, False), strict=True):
+        resp = await client.get(url)
+        assert resp.status == 200, await resp.text()
+        assert ("one" in await resp.text()) is holds_cue, url
+    resp = await client.get("/streams/avc/media/subtitles-fr.m3u8", headers=AUTH)
+    assert resp.status == 404 and "fr" in (await resp.json())["error"]
     # The versioned init URL the playlist names is the init segment (the query is ignored).
     resp = await client.get("/streams/avc/media/init.mp4?v=1", headers=AUTH)
     assert resp.status == 200 and await resp.read() == seg.init
