@@ -173,11 +173,13 @@ def negotiate_header_extension(kind: str, uri: str) -> None:
     table.append(RTCRtpHeaderExtensionParameters(id=ext_id, uri=uri))
 
 
-def negotiate_video_codec(mime_type: str) -> None:
+def negotiate_video_codec(mime_type: str, parameters: dict[str, str | int | None]) -> None:
     """Make every aiortc peer connection in this process offer/accept the video codec
-    ``mime_type`` (e.g. ``video/VP9``) with RTX, NACK, PLI and REMB, as aiortc's own video
-    codecs have. Process-wide, after aiortc's codecs, so aiortc's own offers still prefer those.
-    Only for codecs the relay forwards and nothing in this process encodes or decodes."""
+    ``mime_type`` (e.g. ``video/VP9``) with ``parameters`` (its fmtp in answers) and RTX, NACK,
+    PLI and REMB, as aiortc's own video codecs have. Process-wide, after aiortc's codecs, so
+    aiortc's own offers still prefer those. Only for codecs the relay forwards and nothing in
+    this process encodes or decodes: an aiortc peer that ends up sending or receiving it fails
+    in aiortc's media task (the relay's sessions never hand it a frame or a packet)."""
     table = CODECS["video"]
     if any(c.mimeType.lower() == mime_type.lower() for c in table):
         return
@@ -185,7 +187,7 @@ def negotiate_video_codec(mime_type: str) -> None:
     pt = next(p for p in range(96, 127) if p not in used and p + 1 not in used)
     table += [
         RTCRtpCodecParameters(
-            mimeType=mime_type, clockRate=90000, payloadType=pt,
+            mimeType=mime_type, clockRate=90000, payloadType=pt, parameters=dict(parameters),
             rtcpFeedback=[RTCRtcpFeedback(type="nack"),
                           RTCRtcpFeedback(type="nack", parameter="pli"),
                           RTCRtcpFeedback(type="goog-remb")],

@@ -14,7 +14,7 @@ from sfu_sidecar.exceptions import BadInput, NotAcceptable, Unprocessable
 
 # The codecs the relay forwards; anything else would need transcoding, which it never does.
 FORWARDABLE: dict[str, tuple[str, ...]] = {"audio": ("opus",), "video": ("vp8", "vp9", "h264")}
-ACCEPTED_TEXT = "VP8, VP9, H.264 (packetization-mode=1) and Opus"
+ACCEPTED_TEXT = "VP8, VP9 (profile 0), H.264 (packetization-mode=1) and Opus"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,7 +29,11 @@ class CodecInfo:
     def forwardable(self) -> bool:
         if self.name == "h264":
             return str(self.parameters.get("packetization-mode", "0")) == "1"
-        return self.name in ("opus", "vp8", "vp9")
+        if self.name == "vp9":
+            # Profile 0 (8-bit 4:2:0), the one every VP9 decoder has (RFC 9628 §6): the relay
+            # answers for one profile, and a viewer must decode what the publisher sends.
+            return str(self.parameters.get("profile-id", "0")) == "0"
+        return self.name in ("opus", "vp8")
 
 
 @dataclass(frozen=True, slots=True)

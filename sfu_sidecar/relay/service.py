@@ -129,7 +129,8 @@ class RelayService:
         adapter.set_consent_timeout(self.settings.ice_consent_timeout_s)
         for kind, uri in self.header_extensions:
             adapter.negotiate_header_extension(kind, uri)
-        adapter.negotiate_video_codec("video/VP9")  # forwarded as is; aiortc has no VP9
+        # Forwarded as is (aiortc has no VP9), in profile 0: relay/sdp.py accepts no other.
+        adapter.negotiate_video_codec("video/VP9", {"profile-id": 0})
         self._cpu_task = asyncio.create_task(self.cpu.run(), name="relay-cpu")
         if self.directory is not None:
             await self.directory.start()

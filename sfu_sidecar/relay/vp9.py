@@ -41,6 +41,8 @@ class Vp9Descriptor:
     spatial_id: int  # SID, 0 without layer indices
     # (width, height) per spatial layer from a scalability structure, () without one.
     resolutions: tuple[tuple[int, int], ...] = ()
+    picture_id: int | None = None  # counts pictures, modulo 2**picture_id_bits
+    picture_id_bits: int = 0
 
     @classmethod
     def parse(cls, payload: bytes) -> Vp9Descriptor:
@@ -58,8 +60,13 @@ class Vp9Descriptor:
             return out
 
         inter, flexible = bool(b0 & 0x40), bool(b0 & 0x10)
-        if b0 & 0x80 and take(1)[0] & 0x80:  # I: PictureID, 7 bits or (M=1) 15 bits
-            take(1)
+        picture_id, picture_id_bits = None, 0
+        if b0 & 0x80:  # I: PictureID, 7 bits or (M=1) 15 bits
+            high = take(1)[0]
+            if high & 0x80:
+                picture_id, picture_id_bits = ((high & 0x7F) << 8) | take(1)[0], 15
+            else:
+                picture_id, picture_id_bits = high, 7
         spatial_id = 0
         if b0 & 0x20:  # L: layer indices
             spatial_id = (take(1)[0] >> 1) & 0x07
@@ -84,7 +91,8 @@ class Vp9Descriptor:
             if ss & 0x08:  # G: picture group description
                 for _ in range(take(1)[0]):
                     take((take(1)[0] >> 2) & 0x03)
-        return cls(pos, inter, bool(b0 & 0x08), bool(b0 & 0x04), spatial_id, resolutions)
+        return cls(pos, inter, bool(b0 & 0x08), bool(b0 & 0x04), spatial_id, resolutions,
+                   picture_id, picture_id_bits)
 
 
 def vp9_keyframe_start(payload: bytes) -> bool:

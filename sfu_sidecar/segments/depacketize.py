@@ -13,8 +13,9 @@ import struct
 from dataclasses import dataclass
 
 __all__ = [
-    "Frame", "H264Depacketizer", "OpusDepacketizer", "Vp8Depacketizer", "annex_b",
-    "avc_codec_string", "nal_units", "sps_dimensions", "vp8_descriptor_size",
+    "Frame", "H264Depacketizer", "OpusDepacketizer", "PictureCounter", "Vp8Depacketizer",
+    "annex_b", "avc_codec_string", "nal_units", "sps_dimensions", "vp8_descriptor_size",
+    "vp8_picture_id",
 ]
 
 
@@ -76,6 +77,36 @@ class _Assembler:
         return ts, data
 
 
+class PictureCounter:
+    """Whether whole pictures went missing in a gap. A gap in sequence numbers before a
+    picture's first packet may have taken entire pictures, which no start bit shows (a small
+    inter frame is one packet); the PictureID of VP8 (RFC 7741 §4.2) and VP9 (RFC 9628 §4.2)
+    counts pictures, so a picture that follows the last one by exactly one lost nothing."""
+
+    def __init__(self) -> None:
+        self._last: tuple[int, int] | None = None  # (PictureID, its bits)
+
+    def follows(self, picture_id: int | None, bits: int) -> bool:
+        """Records this picture's id; whether it is the one after the last (False when either
+        is unknown)."""
+        last = self._last
+        self._last = None if picture_id is None else (picture_id, bits)
+        return (picture_id is not None and last is not None and last[1] == bits
+                and picture_id == (last[0] + 1) % (1 << bits))
+
+
+def vp8_picture_id(payload: bytes) -> tuple[int, int] | None:
+    """(PictureID, bits) of a VP8 payload descriptor that carries one (RFC 7741 §4.2)."""
+    if len(payload) < 3 or not payload[0] & 0x80 or not payload[1] & 0x80:
+        return None
+    high = payload[2]
+    if not high & 0x80:
+        return high, 7
+    if len(payload) < 4:
+        return None
+    return ((high & 0x7F) << 8) | payload[3], 15
+
+
 def vp8_descriptor_size(payload: bytes) -> int:
     """Bytes of the VP8 payload descriptor at the start of ``payload`` (RFC 7741 §4.2)."""
     if not payload:
@@ -105,6 +136,7 @@ class Vp8Depacketizer:
     def __init__(self) -> None:
         self._asm = _Assembler()
         self._need_keyframe = True
+        self._pictures = PictureCounter()
 
     def push(self, seq: int, timestamp: int, marker: bool, payload: bytes) -> Frame | None:
         try:
@@ -119,6 +151,11 @@ class Vp8Depacketizer:
             if asm.parts:
                 asm.broken = True  # a second start within one timestamp: not one frame
             else:
+                # The frame's first packet is here: a gap before it took nothing of it, but
+                # it may have taken whole frames before it, unless their count says not.
+                if not self._pictures.follows(*(vp8_picture_id(payload) or (None, 0))) \
+                        and asm.broken:
+                    self._need_keyframe = True
                 asm.started = True
                 asm.broken = False
         asm.parts.append(payload[size:])

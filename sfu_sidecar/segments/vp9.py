@@ -10,7 +10,7 @@ uncompressed header (VP9 bitstream spec §6.2), which is read, not decoded.
 from __future__ import annotations
 
 from sfu_sidecar.relay.vp9 import Vp9Descriptor, Vp9DescriptorError
-from sfu_sidecar.segments.depacketize import Frame, _Assembler, _Bits
+from sfu_sidecar.segments.depacketize import Frame, PictureCounter, _Assembler, _Bits
 
 __all__ = ["Vp9Depacketizer", "vp9_frame_header", "vp9_superframe"]
 
@@ -67,6 +67,7 @@ class Vp9Depacketizer:
         self._asm = _Assembler()
         self._need_keyframe = True
         self._starts: list[bool] = []  # B flag of each payload the assembler holds
+        self._pictures = PictureCounter()
         self._resolution: tuple[int, int] = (0, 0)
 
     def push(self, seq: int, timestamp: int, marker: bool, payload: bytes) -> Frame | None:
@@ -82,7 +83,11 @@ class Vp9Depacketizer:
             if desc.resolutions:
                 self._resolution = desc.resolutions[-1]
             if desc.start and not asm.parts and desc.spatial_id == 0:
-                # The picture's first packet is here: a gap before it took nothing of it.
+                # The picture's first packet is here: a gap before it took nothing of it, but
+                # it may have taken whole pictures before it, unless their count says not.
+                follows = self._pictures.follows(desc.picture_id, desc.picture_id_bits)
+                if asm.broken and not follows:
+                    self._need_keyframe = True
                 asm.started = True
                 asm.broken = False
             asm.parts.append(payload[desc.size:])

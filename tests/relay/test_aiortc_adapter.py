@@ -43,8 +43,8 @@ def test_negotiate_header_extension_is_idempotent_and_shares_ids() -> None:
 
 
 async def test_negotiate_video_codec_offers_it_after_aiortcs_own_with_rtx_and_feedback() -> None:
-    aiortc_adapter.negotiate_video_codec("video/VP9")
-    aiortc_adapter.negotiate_video_codec("video/VP9")  # idempotent
+    aiortc_adapter.negotiate_video_codec("video/VP9", {"profile-id": 0})
+    aiortc_adapter.negotiate_video_codec("video/VP9", {"profile-id": 0})  # idempotent
     pc = client_pc()
     try:
         pc.addTransceiver("video", direction="recvonly")
@@ -58,6 +58,7 @@ async def test_negotiate_video_codec_offers_it_after_aiortcs_own_with_rtx_and_fe
     pt = next(m.split()[0] for m in rtpmaps if " VP9/90000" in m)
     assert f"a=fmtp:{int(pt) + 1} apt={pt}" in offer
     assert f"a=rtcp-fb:{pt} nack pli" in offer and f"a=rtcp-fb:{pt} nack" in offer
+    assert f"a=fmtp:{pt} profile-id=0" in offer
 
 
 async def test_install_ice_announces_loopback_inside_the_port_range() -> None:

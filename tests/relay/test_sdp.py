@@ -68,11 +68,15 @@ def test_check_offer_refusals() -> None:
     with pytest.raises(BadInput, match="a viewer must receive"):
         sdp.check_offer(sdp.parse(OFFER, what="offer"), publishing=False)
     no_codec = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 AV1/90000")
-    with pytest.raises(NotAcceptable, match=r"VP8, VP9, H\.264"):
+    with pytest.raises(NotAcceptable, match=r"VP8, VP9 \(profile 0\), H\.264"):
         sdp.check_offer(sdp.parse(no_codec, what="offer"), publishing=True)
     vp9 = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 VP9/90000")
     assert [c.name for c in sdp.parse(vp9, what="offer").media[1].codecs if c.forwardable] == [
         "vp9"]
+    vp9_profile2 = vp9.replace("a=rtpmap:97 VP9/90000",
+                               "a=rtpmap:97 VP9/90000\r\na=fmtp:97 profile-id=2")
+    with pytest.raises(NotAcceptable, match=r"VP9 \(profile 0\)"):
+        sdp.check_offer(sdp.parse(vp9_profile2, what="offer"), publishing=True)
     h264_mode0 = OFFER.replace("a=rtpmap:97 VP8/90000", "a=rtpmap:97 H264/90000")
     with pytest.raises(NotAcceptable):
         sdp.check_offer(sdp.parse(h264_mode0, what="offer"), publishing=True)

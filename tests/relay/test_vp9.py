@@ -25,6 +25,7 @@ def test_non_flexible_keyframe_with_picture_id_layers_and_scalability_structure(
     assert d.size == len(packet) - len(PAYLOAD)
     assert d.start and not d.end and not d.inter and d.spatial_id == 0
     assert d.resolutions == ((320, 180), (640, 360))
+    assert (d.picture_id, d.picture_id_bits) == (0x1234, 15)
     assert vp9_keyframe_start(packet) and is_keyframe_start("vp9", packet)
 
 
@@ -34,6 +35,7 @@ def test_flexible_inter_frame_with_reference_indices() -> None:
                     0x03, 0x05, 0x04]) + b"x"
     d = Vp9Descriptor.parse(packet)
     assert d.size == 6 and d.inter and d.start and d.end and d.spatial_id == 1
+    assert (d.picture_id, d.picture_id_bits) == (5, 7)
     assert not vp9_keyframe_start(packet)
 
 

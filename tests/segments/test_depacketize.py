@@ -5,6 +5,7 @@ encoder output: the frames must come back byte for byte."""
 from __future__ import annotations
 
 import fractions
+import itertools
 import random
 import struct
 
@@ -20,6 +21,7 @@ from sfu_sidecar.segments.depacketize import (
     Vp8Depacketizer,
     sps_dimensions,
     vp8_descriptor_size,
+    vp8_picture_id,
 )
 
 # A VP8 keyframe's first bytes: frame tag (P bit 0), start code, 320x240 (RFC 6386 §9.1).
@@ -126,6 +128,25 @@ def test_vp8_from_aiortc_packetizer() -> None:
     assert [f.data for f in frames] == [bytes(p) for p in packets]
     assert [f.keyframe for f in frames] == [p.is_keyframe for p in packets]
     assert (frames[0].width, frames[0].height) == (320, 240)
+
+
+def test_vp8_a_frame_lost_whole_waits_for_the_next_keyframe() -> None:
+    """A gap that took every packet of one frame shows no broken frame: the frame after it
+    starts cleanly. aiortc's packetizer counts frames in the PictureID, so the depacketizer
+    sees one missing and waits for a keyframe instead of muxing frames that refer to it."""
+    packets = _encoded("libvpx", 20)  # keyframes at 0 and 10
+    encoder = Vp8Encoder()
+    frames_in = [encoder.pack(packet)[::-1] for packet in packets]
+    assert vp8_picture_id(frames_in[3][1][0]) is not None
+    first_of = list(itertools.accumulate([0] + [len(p) for _, p in frames_in]))
+    lost = frozenset(range(first_of[3], first_of[4]))  # the whole of frame 3
+    frames = _feed(Vp8Depacketizer(), [(ts, p) for ts, p in frames_in], skip=lost)
+    assert [f.data for f in frames] == [bytes(p) for p in packets[:3] + packets[10:]]
+    # The same gap with a frame's count intact (only its own packets lost) is no loss of
+    # another frame: frame 4 is dropped, and nothing more until the keyframe.
+    dep = Vp8Depacketizer()
+    frames = _feed(dep, [(ts, p) for ts, p in frames_in], skip=frozenset({first_of[4]}))
+    assert [f.data for f in frames] == [bytes(p) for p in packets[:4] + packets[10:]]
 
 
 # --- H.264 -----------------------------------------------------------------------------------

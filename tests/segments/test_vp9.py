@@ -15,6 +15,7 @@ import av
 import pytest
 
 from sfu_sidecar.relay.packet import is_keyframe_start
+from sfu_sidecar.relay.vp9 import Vp9Descriptor
 from sfu_sidecar.segments.depacketize import Frame
 from sfu_sidecar.segments.segmenter import StreamSegmenter
 from sfu_sidecar.segments.vp9 import Vp9Depacketizer, vp9_frame_header, vp9_superframe
@@ -59,7 +60,8 @@ def gst_vp9(tmp_path_factory: pytest.TempPathFactory) -> GstVp9:
          "horizontal-speed=4", "!", f"video/x-raw,width=640,height=360,framerate={FPS}/1", "!",
          "vp9enc", "deadline=1", "cpu-used=8", f"keyframe-max-dist={GOP}",
          "target-bitrate=2000000", "!",
-         "tee", "name=t", "!", "queue", "!", "rtpvp9pay", "mtu=600", "!", "rtpstreampay", "!",
+         "tee", "name=t", "!", "queue", "!", "rtpvp9pay", "mtu=600", "picture-id-mode=15-bit",
+         "!", "rtpstreampay", "!",
          "filesink", f"location={out / 'vp9.rtp'}",
          "t.", "!", "queue", "!", "webmmux", "!", "filesink", f"location={out / 'vp9.webm'}"],
         check=True, timeout=60)
@@ -106,6 +108,17 @@ def test_a_lost_packet_drops_frames_until_the_next_keyframe(gst_vp9: GstVp9) -> 
                 and packets[i - 1].timestamp == third)
     frames = _depacketize(packets, frozenset({lost}))
     assert [f.data for f in frames] == gst_vp9.frames[:2] + gst_vp9.frames[GOP:]
+
+
+def test_a_picture_lost_whole_is_noticed_by_its_picture_id(gst_vp9: GstVp9) -> None:
+    """Every packet of the fifth picture lost: the sixth starts cleanly, but its PictureID
+    says one is missing, so nothing is muxed until the next keyframe."""
+    packets = gst_vp9.packets
+    stamps = sorted({p.timestamp for p in packets}, key=[p.timestamp for p in packets].index)
+    fifth = frozenset(i for i, p in enumerate(packets) if p.timestamp == stamps[4])
+    assert Vp9Descriptor.parse(packets[min(fifth)].payload).picture_id_bits == 15
+    frames = _depacketize(packets, fifth)
+    assert [f.data for f in frames] == gst_vp9.frames[:4] + gst_vp9.frames[GOP:]
 
 
 def test_layer_frames_of_one_picture_become_one_superframe() -> None:

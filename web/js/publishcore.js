@@ -31,11 +31,6 @@ function h264Rank(codec) {
   return 2;
 }
 
-// VP9 profile 0 (8-bit 4:2:0) first: every VP9 decoder has it, where profiles 1-3 are optional.
-function vp9Rank(codec) {
-  return (fmtpOf(codec)["profile-id"] ?? "0") === "0" ? 0 : 1;
-}
-
 // `capabilities`: RTCRtpSender.getCapabilities("video").codecs. Returns the list for
 // setCodecPreferences that offers `choice` ("vp8" | "vp9" | "h264") and nothing else but its
 // retransmission (RTX): the offer then cannot end up with another codec.
@@ -50,13 +45,12 @@ export function preferredCodecs(capabilities, choice) {
     chosen = chosen.map((c, i) => [h264Rank(c), i, c]).sort((a, b) => a[0] - b[0] || a[1] - b[1])
       .map(([, , c]) => c);
   }
-  if (choice === "vp9") {
-    chosen = chosen.map((c, i) => [vp9Rank(c), i, c]).sort((a, b) => a[0] - b[0] || a[1] - b[1])
-      .map(([, , c]) => c);
-  }
+  // VP9 in profile 0 (8-bit 4:2:0) only, which the relay forwards (relay/sdp.py): every VP9
+  // decoder has it, where profiles 1-3 are optional.
+  if (choice === "vp9") chosen = chosen.filter((c) => (fmtpOf(c)["profile-id"] ?? "0") === "0");
   if (chosen.length === 0) {
     throw new InputError(`this browser cannot send ${mime.slice(6)}` +
-      (choice === "h264" ? " in packetization-mode 1" : ""));
+      (choice === "h264" ? " in packetization-mode 1" : choice === "vp9" ? " in profile 0" : ""));
   }
   const rtx = capabilities.filter((c) => c.mimeType.toLowerCase() === "video/rtx");
   return [...chosen, ...rtx];

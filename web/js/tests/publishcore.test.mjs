@@ -36,9 +36,12 @@ test("H.264 offers packetization-mode 1 only, constrained baseline first, then b
   assert.ok(chosen.every((c) => c.mimeType === "video/rtx" || /packetization-mode=1/.test(c.sdpFmtpLine)));
 });
 
-test("VP9 offers profile 0 first, which every VP9 decoder has", () => {
+test("VP9 offers profile 0 only, which every VP9 decoder has", () => {
   assert.deepEqual(preferredCodecs(CAPS, "vp9").map((c) => c.sdpFmtpLine ?? c.mimeType),
-    ["profile-id=0", "profile-id=2", "video/rtx"]);
+    ["profile-id=0", "video/rtx"]);
+  const profile2 = CAPS.filter((c) => c.sdpFmtpLine !== "profile-id=0");
+  assert.throws(() => preferredCodecs(profile2, "vp9"),
+    (e) => e instanceof InputError && /profile 0/.test(e.message));
 });
 
 test("a codec the browser cannot send, or an unknown choice, is an input error naming it", () => {
