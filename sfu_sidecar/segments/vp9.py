@@ -68,13 +68,15 @@ class Vp9Depacketizer:
         self._need_keyframe = True
         self._starts: list[bool] = []  # B flag of each payload the assembler holds
         self._pictures = PictureCounter()
-        self._resolution: tuple[int, int] = (0, 0)
+        # The top layer's size from a scalability structure in the picture being assembled.
+        self._resolution: tuple[int, int] | None = None
 
     def push(self, seq: int, timestamp: int, marker: bool, payload: bytes) -> Frame | None:
         asm = self._asm
         asm.add(seq, timestamp)
         if not asm.parts:
             self._starts = []
+            self._resolution = None
         try:
             desc = Vp9Descriptor.parse(payload)
         except Vp9DescriptorError:
@@ -115,8 +117,9 @@ class Vp9Depacketizer:
         if self._need_keyframe and not keyframe:
             return None
         self._need_keyframe = False
-        if keyframe and self._resolution != (0, 0):
-            # With spatial layers the top layer's size (the scalability structure's) is the
-            # picture's; a plain stream's only layer says its own in its header.
+        if keyframe and self._resolution is not None:
+            # With spatial layers the top layer's size (the scalability structure sent with
+            # this picture) is the picture's; a plain stream's only layer says its own in its
+            # header.
             width, height = self._resolution
         return Frame(taken[0], data, keyframe, width, height)
