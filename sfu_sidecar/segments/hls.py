@@ -33,6 +33,7 @@ __all__ = [
     "extinf_ms",
     "master_playlist",
     "media_playlist",
+    "settled",
     "subtitle_playlist",
     "target_duration",
 ]
@@ -97,6 +98,17 @@ def media_playlist(
     """
     return _playlist(segments, epoch_ns, [f'#EXT-X-MAP:URI="{init_url}"'],
                      lambda s: f"{s.number}.{media_ext}")
+
+
+def settled(segments: Sequence[Segment], now_us: int, grace_us: int) -> list[Segment]:
+    """The leading ``segments`` that ended at least ``grace_us`` before stream time
+    ``now_us``: those whose caption windows late cues have had the grace to reach."""
+    out = []
+    for s in segments:
+        if s.start_us + s.duration_us + grace_us > now_us:
+            break
+        out.append(s)
+    return out
 
 
 def _stream_seconds(ms: int) -> str:

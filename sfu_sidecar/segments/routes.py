@@ -21,6 +21,7 @@ import math
 from aiohttp import web
 
 from sfu_sidecar import logs
+from sfu_sidecar.captions.chunks import CLOSE_GRACE_MS
 from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import json_ok, require_bearer
 from sfu_sidecar.relay.routes import STREAM_PATTERN
@@ -182,7 +183,15 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         lang = request.match_info["lang"]
         if lang not in service.captions.languages(seg.stream):
             raise NotFound(f"stream {seg.stream} has no captions in {lang!r}")
-        return playlist(hls.subtitle_playlist(list(seg.segments), stream=seg.stream, lang=lang,
+        # A player fetches a WebVTT segment once: a window is listed only once the cues a
+        # captioner sends late for it had the caption chunks' grace to arrive. The playlist may
+        # lag the media playlist by that much; players align renditions by sequence number.
+        closed = hls.settled(list(seg.segments), (service.now_ns() - epoch) // 1000,
+                             CLOSE_GRACE_MS * 1000)
+        if not closed:
+            raise NotFound(f"stream {seg.stream} has no caption window past its grace yet",
+                           headers={"Retry-After": str(math.ceil(CLOSE_GRACE_MS / 1000))})
+        return playlist(hls.subtitle_playlist(closed, stream=seg.stream, lang=lang,
                                               epoch_ns=epoch))
 
     app.router.add_get(f"{base}/index.json", index)

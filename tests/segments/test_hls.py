@@ -12,6 +12,7 @@ from sfu_sidecar.segments.hls import (
     bandwidth,
     master_playlist,
     media_playlist,
+    settled,
     subtitle_playlist,
     target_duration,
 )
@@ -76,6 +77,14 @@ def test_subtitle_playlist_is_segmented_as_the_media_with_its_discontinuity() ->
         "/captions/cam-1/pt-BR.vtt?start=14.000&end=16.401",
         "/captions/cam-1/pt-BR.vtt?start=16.400&end=17.401",
     ]
+
+
+def test_a_caption_window_is_listed_once_its_grace_has_passed() -> None:
+    ends = [s.start_us + s.duration_us for s in (A, B, C, D, E)]
+    assert settled([A, B, C, D, E], ends[2] + 3_000_000, 3_000_000) == [A, B, C]
+    assert settled([A, B, C, D, E], ends[2] + 2_999_999, 3_000_000) == [A, B]
+    assert settled([A, B, C, D, E], ends[-1] + 3_000_000, 3_000_000) == [A, B, C, D, E]
+    assert settled([A], ends[0], 3_000_000) == []
 
 
 def test_the_window_slides_over_the_discontinuity() -> None:
