@@ -223,14 +223,15 @@ def main() -> None:
     service.call(proxy.start())
     service.extra_runners.append(proxy.runner)
     total_s = args.watch * (2 if args.gap or args.drift or args.corrupt else 1) + args.gap + 10
-    cues = service.call(service.post_cues(time.time_ns() + 1_000_000_000,
-                                          int(total_s / CUE_EVERY_S) + 1))
     from playwright.sync_api import sync_playwright
 
-    result: dict[str, Any] = {"cues": cues, "codec": args.codec, "gap_s": args.gap,
-                              "drift_s": args.drift}
+    result: dict[str, Any] = {"codec": args.codec, "gap_s": args.gap, "drift_s": args.drift}
     with BROWSER_LOCK.open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        # Cues from now on, once the browser is ours: a wait for the lock must not let the
+        # times they are for pass before the page plays.
+        result["cues"] = service.call(service.post_cues(time.time_ns() + 1_000_000_000,
+                                                        int(total_s / CUE_EVERY_S) + 1))
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
             page = browser.new_page()
