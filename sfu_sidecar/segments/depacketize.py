@@ -35,8 +35,9 @@ class Frame:
 class _Assembler:
     """Collects the payloads of one frame (same RTP timestamp, consecutive sequence numbers).
 
-    ``lost`` turns true when a frame was given up (a gap inside it, or its last packet never
-    came); the depacketizer then waits for a keyframe.
+    ``need_keyframe`` turns true when a frame was given up (a gap inside it, or its last packet
+    never came), as it is at the start: every frame until the next keyframe refers to what is
+    missing. The depacketizer clears it at a keyframe.
     """
 
     def __init__(self) -> None:
@@ -45,7 +46,7 @@ class _Assembler:
         self.next_seq: int | None = None
         self.broken = False
         self.started = False
-        self.lost = False
+        self.need_keyframe = True
 
     def add(self, seq: int, timestamp: int) -> None:
         """Account for one packet; a new timestamp starts a new frame."""
@@ -53,7 +54,7 @@ class _Assembler:
         self.next_seq = (seq + 1) & 0xFFFF
         if timestamp != self.timestamp:
             if self.parts:
-                self.lost = True  # the previous frame's marker packet never came
+                self.need_keyframe = True  # the previous frame's marker packet never came
             self.timestamp = timestamp
             self.parts = []
             self.started = False
@@ -72,7 +73,7 @@ class _Assembler:
         self.started = self.broken = False
         self.timestamp = None
         if ts is None or not ok:
-            self.lost = True
+            self.need_keyframe = True
             return None
         return ts, data
 
@@ -135,7 +136,6 @@ class Vp8Depacketizer:
 
     def __init__(self) -> None:
         self._asm = _Assembler()
-        self._need_keyframe = True
         self._pictures = PictureCounter()
 
     def push(self, seq: int, timestamp: int, marker: bool, payload: bytes) -> Frame | None:
@@ -155,25 +155,22 @@ class Vp8Depacketizer:
                 # it may have taken whole frames before it, unless their count says not.
                 if not self._pictures.follows(*(vp8_picture_id(payload) or (None, 0))) \
                         and asm.broken:
-                    self._need_keyframe = True
+                    self._asm.need_keyframe = True
                 asm.started = True
                 asm.broken = False
         asm.parts.append(payload[size:])
         if not marker:
             return None
         taken = asm.take()
-        if asm.lost:
-            asm.lost = False
-            self._need_keyframe = True
         if taken is None:
             return None
         ts, data = taken
         if not data:
             return None
         keyframe = data[0] & 0x01 == 0  # P bit of the frame tag: 0 for a key frame
-        if self._need_keyframe and not keyframe:
+        if self._asm.need_keyframe and not keyframe:
             return None
-        self._need_keyframe = False
+        self._asm.need_keyframe = False
         width = height = 0
         if keyframe and len(data) >= 10 and data[3:6] == b"\x9d\x01\x2a":
             w, h = struct.unpack_from("<HH", data, 6)
@@ -188,7 +185,6 @@ class H264Depacketizer:
 
     def __init__(self) -> None:
         self._asm = _Assembler()
-        self._need_keyframe = True
         self._fu: bytearray | None = None
         self.sps: bytes | None = None
         self.pps: bytes | None = None
@@ -219,23 +215,20 @@ class H264Depacketizer:
             return None
         self._fu = None
         taken = asm.take()
-        if asm.lost:
-            asm.lost = False
-            self._need_keyframe = True
         if taken is None:
             return None
         ts, data = taken
         keyframe = self._has_idr(data)
         if keyframe and not self._has_parameter_sets(data):
             if self.sps is None or self.pps is None:
-                self._need_keyframe = True  # undecodable without them: wait for the next IDR
+                self._asm.need_keyframe = True  # undecodable without them: wait for the next IDR
                 return None
             # Senders may send SPS/PPS once; every keyframe here starts a segment a player may
             # join at, so it carries them.
             data = _length_prefixed(self.sps) + _length_prefixed(self.pps) + data
-        if not data or (self._need_keyframe and not keyframe):
+        if not data or (self._asm.need_keyframe and not keyframe):
             return None
-        self._need_keyframe = False
+        self._asm.need_keyframe = False
         width = height = 0
         if keyframe and self.sps is not None:
             # Left 0 when unreadable: the segmenter starts no segment without dimensions.

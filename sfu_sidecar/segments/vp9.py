@@ -65,7 +65,6 @@ class Vp9Depacketizer:
 
     def __init__(self) -> None:
         self._asm = _Assembler()
-        self._need_keyframe = True
         self._starts: list[bool] = []  # B flag of each payload the assembler holds
         self._pictures = PictureCounter()
         # The top layer's size from a scalability structure in the picture being assembled.
@@ -89,7 +88,7 @@ class Vp9Depacketizer:
                 # it may have taken whole pictures before it, unless their count says not.
                 follows = self._pictures.follows(desc.picture_id, desc.picture_id_bits)
                 if asm.broken and not follows:
-                    self._need_keyframe = True
+                    self._asm.need_keyframe = True
                 asm.started = True
                 asm.broken = False
             asm.parts.append(payload[desc.size:])
@@ -98,9 +97,6 @@ class Vp9Depacketizer:
             return None
         pieces = list(zip(self._starts, asm.parts, strict=True))
         taken = asm.take()
-        if asm.lost:
-            asm.lost = False
-            self._need_keyframe = True
         if taken is None:
             return None
         layers: list[bytearray] = []
@@ -112,11 +108,11 @@ class Vp9Depacketizer:
             keyframe, width, height = vp9_frame_header(bytes(layers[0]))
             data = vp9_superframe([bytes(layer) for layer in layers])
         except ValueError:
-            self._need_keyframe = True
+            self._asm.need_keyframe = True
             return None
-        if self._need_keyframe and not keyframe:
+        if self._asm.need_keyframe and not keyframe:
             return None
-        self._need_keyframe = False
+        self._asm.need_keyframe = False
         if keyframe and self._resolution is not None:
             # With spatial layers the top layer's size (the scalability structure sent with
             # this picture) is the picture's; a plain stream's only layer says its own in its
