@@ -39,8 +39,8 @@ STREAM = "hls"
 TOKEN = "e2e-view"
 HLS_JS = ROOT / "node_modules" / "hls.js" / "dist" / "hls.min.js"
 WATCH_S = 14.0
-# Cue k lasts [2k + 1, 2k + 2.5) stream seconds: across the boundary of two 2 s caption
-# chunks, so it comes in both and hls.js must show it once.
+# Cue k lasts [2k + 1, 2k + 2.5) stream seconds: longer than a segment, so it comes in the
+# caption windows of two or three segments and hls.js must show it once.
 CUE_EVERY_S, CUE_LEN_S, CUE_AT_S = 2.0, 1.5, 1.0
 CUE_LATE_S = 0.5  # a cue is ingested this long after it starts
 
