@@ -38,7 +38,6 @@ from typing import Any
 import aioice
 import aioice.ice
 import aiortc
-import aiortc.codecs
 from aioice.candidate import Candidate, candidate_foundation, candidate_priority
 from aiortc import RTCConfiguration, RTCPeerConnection, RTCRtpSender
 from aiortc.codecs import CODECS, HEADER_EXTENSIONS
@@ -91,7 +90,6 @@ REQUIRED: tuple[tuple[object, str], ...] = (
     (aioice.ice, "CONSENT_INTERVAL"),
     (aioice.ice, "CONSENT_FAILURES"),
     (RemoteBitrateEstimator, "add"),
-    (aiortc.codecs, "CODECS"),
 )
 _INSTANCE_FIELDS = {
     "sender": ("_ssrc", "_rtx_ssrc"),

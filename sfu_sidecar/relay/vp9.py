@@ -98,6 +98,10 @@ class Vp9Descriptor:
 def vp9_keyframe_start(payload: bytes) -> bool:
     """Whether this packet starts a picture a decoder can start from: the first packet of the
     base spatial layer's frame, not inter-picture predicted."""
+    # The forwarder asks this of every video packet: most are not a frame's first (B clear) or
+    # are predicted (P set), which the first byte alone says.
+    if not payload or payload[0] & 0x48 != 0x08:
+        return False
     try:
         d = Vp9Descriptor.parse(payload)
     except Vp9DescriptorError:

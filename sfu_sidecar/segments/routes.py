@@ -2,13 +2,13 @@
 
 ``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8, VP9), or
 ``.../init.mp4`` and ``.../{n}.m4s`` (H.264), and for H.264 the HLS playlists
-``.../master.m3u8`` and ``.../media.m3u8``. The segment being made (the index's ``open``) is
-served while it is made, with chunked transfer: each part as it is muxed, the rest when it
-closes, so a player can append media a part behind the live edge instead of a segment. The
-first
-request for a stream starts its segmenting (see :class:`SegmentService`); on an edge, for a
-stream with no publisher here, it first pulls the stream from upstream as a WHEP viewer's
-request does, and the pull lasts while the segments are read. Closed segments never
+``.../master.m3u8``, ``.../media.m3u8`` and ``.../subtitles-{lang}.m3u8``. The segment being
+made (the index's ``open``) is served while it is made, with chunked transfer: each part as it
+is muxed, the rest when it closes, so a player can append media a part behind the live edge
+instead of a segment. The first request for a stream starts its segmenting (see
+:class:`SegmentService`); on an edge, for a stream with no publisher here, it first pulls the
+stream from upstream as a WHEP viewer's request does, and the pull lasts while the segments are
+read. Closed segments never
 change, so they are served as immutable; the index, playlists and init segment are not cached,
 as a new segmenter (after an idle stop) starts over with its own numbering. The view token
 guards these routes as it guards WHEP viewing.

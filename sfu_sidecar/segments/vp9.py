@@ -88,7 +88,7 @@ class Vp9Depacketizer:
                 # it may have taken whole pictures before it, unless their count says not.
                 follows = self._pictures.follows(desc.picture_id, desc.picture_id_bits)
                 if asm.broken and not follows:
-                    self._asm.need_keyframe = True
+                    asm.need_keyframe = True
                 asm.started = True
                 asm.broken = False
             asm.parts.append(payload[desc.size:])
@@ -108,11 +108,11 @@ class Vp9Depacketizer:
             keyframe, width, height = vp9_frame_header(bytes(layers[0]))
             data = vp9_superframe([bytes(layer) for layer in layers])
         except ValueError:
-            self._asm.need_keyframe = True
+            asm.need_keyframe = True
             return None
-        if self._asm.need_keyframe and not keyframe:
+        if asm.need_keyframe and not keyframe:
             return None
-        self._asm.need_keyframe = False
+        asm.need_keyframe = False
         if keyframe and self._resolution is not None:
             # With spatial layers the top layer's size (the scalability structure sent with
             # this picture) is the picture's; a plain stream's only layer says its own in its
