@@ -133,8 +133,10 @@ async def test_publisher_loss_is_nacked_upstream_and_rtx_unwrapped(relay: Relay)
         assert track.nack is not None and track.nack.nacked >= 6
         # Every lost packet reached the viewer, as a plain packet with its original payload.
         sent = {p.sequence_number: p.payload for p in pub.dropped}
-        got = {p.payload for p in _media(v.received, _pt(v, "video"))}
-        assert set(sent.values()) <= got
+        # The relay counted the repairs; the copies are then on their way to the viewer.
+        await wait_for(lambda: set(sent.values()) <= {
+            p.payload for p in _media(v.received, _pt(v, "video"))}, 2,
+            "the repaired packets at the viewer")
         # Feedback a normal receiver gives: NACKs, receiver reports, REMB.
         feedback = [m for d in pub.rtcp_received for m in rtcp.parse_compound(d)]
         video_ssrc = pub.sent[0].ssrc if pub.sent else 0
