@@ -45,6 +45,11 @@ MASK32 = 0xFFFFFFFF
 MAX_DRIFT_PPB = 1_000_000
 # Sender report checks. Two reports at least this far apart measure their rate.
 SR_MIN_SPAN_NS = 500_000_000
+# Two reports' RTP advance may part from their NTP advance by this fraction and still be a clock:
+# Chromium's fake microphone in an idle headless run counted 0.5 % fewer samples than its NTP
+# clock's seconds (its reports say so, and its packets arrive at that rate), while the broken
+# reports this check is for run at twice the media rate (GStreamer 1.22's webrtcbin).
+SR_MAX_RATE_ERROR_PPB = 20_000_000
 # How far a sender may stamp a report off its true RTP <-> NTP relation: aiortc, for one, pairs
 # the send time of its last packet with that packet's timestamp, which is late by the encode and
 # pacing delay (a few ms, up to a frame interval). A rate error shows as much more than this
@@ -69,7 +74,10 @@ SR_MAX_LEAD_NS = 50_000_000
 # A live publisher captures at most this long before its packets arrive.
 SR_MAX_LATENCY_NS = 5_000_000_000
 # The latency a report line implies may wander by this much from the latency at trust time
-# (queueing, arrival-window changes) before the reports count as out of step with the media.
+# before the reports count as out of step with the media, and only when the reports' own line
+# moved that far against the nominal media clock too. Latency that grows under a line that
+# stays is the path: a sender whose encoder falls behind under CPU load queues its packets
+# (110 ms over a minute in one loaded run, with reports that were right all along).
 SR_MAX_LATENCY_CHANGE_NS = 100_000_000
 # Reports refused in a row before a track's reports are given up for its timeline.
 SR_STRIKES = 3
@@ -259,8 +267,11 @@ class CaptureTime:
     first_packet: bool  # the first packet seen with this timestamp: one frame record each
 
 
-def _drift_ppb(points: deque[tuple[int, int]], clock_rate: int) -> int:
-    """Drift of (ext, ns) points against the nominal rate, from the first and last point."""
+def _drift_ppb(
+    points: deque[tuple[int, int]], clock_rate: int, cap: int = MAX_DRIFT_PPB,
+) -> int:
+    """Drift of (ext, ns) points against the nominal rate, from the first and last point,
+    within ``cap``."""
     if len(points) < 2:
         return 0
     (e0, n0), (e1, n1) = points[0], points[-1]
@@ -269,7 +280,7 @@ def _drift_ppb(points: deque[tuple[int, int]], clock_rate: int) -> int:
         return 0
     nominal = ticks * NS / clock_rate
     drift = round(((n1 - n0) / nominal - 1.0) * NS)
-    return max(-MAX_DRIFT_PPB, min(MAX_DRIFT_PPB, drift))
+    return max(-cap, min(cap, drift))
 
 
 class TrackMapping:
@@ -306,6 +317,9 @@ class TrackMapping:
         self.ssrc: int | None = None
         self.resets = 0
         self.sr_rejected = 0  # sender reports refused by the checks
+        # Frames placed later than their source's line put them, so that capture time never
+        # runs backwards (see _forward).
+        self.slewed = 0
         # Why this track's reports are not used, None while they are (or none came yet).
         self.sr_distrust: str | None = None
         self._version = 0
@@ -316,14 +330,16 @@ class TrackMapping:
         self._unwrap = RtpTimestampUnwrapper()
         self._sr: deque[tuple[int, int]] = deque(maxlen=self._sr_window)  # (ext, publisher ns)
         self._sr_pending: tuple[int, int] | None = None  # a first report awaiting a second
-        self._sr_latency: int | None = None  # latency the trusted line implied when trusted
+        # Latency the trusted line implied when trusted, and where that line then met RTP 0.
+        self._sr_latency: tuple[int, int] | None = None
         self._sr_strikes = 0  # reports refused in a row
         self.sr_distrust = None
         self._abs: deque[tuple[int, int]] = deque()  # (ext, sender-clock ns), ≥ 100 ms apart
         self._abs_last: tuple[int, int] | None = None
         self._arrivals: deque[tuple[int, int]] = deque(maxlen=self._arrival_window)
         self._frame_ext: int | None = None
-        self._frame_arrival = 0
+        self._frame_capture: tuple[int, int] | None = None  # (ext, capture ns) of the newest
+        self._frame_slewed = False  # whether _forward moved the newest frame
         self._pending_reset = self.ssrc is not None
 
     def reset(self, ssrc: int | None = None) -> None:
@@ -350,7 +366,7 @@ class TrackMapping:
         # packet of an older frame must neither repeat its record nor lend it a late arrival.
         first = self._frame_ext is None or ext > self._frame_ext
         if first:
-            self._frame_ext, self._frame_arrival = ext, arrival_ns
+            self._frame_ext = ext
             self._arrivals.append((ext, arrival_ns - self._ticks_ns(ext)))
         exact: int | None = None
         if abs_capture is None and self.relayed:
@@ -367,14 +383,42 @@ class TrackMapping:
         self._refresh(ext)
         m = self._map
         assert m is not None
-        if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
-            offset = self.publisher.offset_ns or 0
-            capture = exact + offset
-        elif m.source is Source.ARRIVAL and ext == self._frame_ext:
-            capture = self._frame_arrival
+        estimated = m.estimated
+        if not first and self._frame_capture is not None and ext == self._frame_capture[0]:
+            capture = self._frame_capture[1]  # a later packet of the newest frame: its time
+            estimated = estimated or self._frame_slewed
         else:
-            capture = m.capture_of_ext(ext)
-        return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, m.estimated, first)
+            if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
+                capture = exact + (self.publisher.offset_ns or 0)
+            else:
+                capture = m.capture_of_ext(ext)
+            if first:
+                capture = self._forward(ext, capture)
+                estimated = estimated or self._frame_slewed
+        return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, estimated, first)
+
+    def _forward(self, ext: int, capture: int) -> int:
+        """The capture time of a new frame, never before the previous frame's.
+
+        A better line (a less late report, a lower arrival envelope, a source switch, a
+        publisher offset that improved) can put a frame before the one already sent to every
+        viewer, and a timeline that runs backwards shows a caption twice and gives a segment a
+        timestamp behind its predecessor. A frame is therefore placed at least a quarter of its
+        RTP spacing after the previous one, flagged estimated where that moved it, and the
+        following frames close the gap by three quarters of their spacing each until the line
+        is met: a 100 ms correction takes 4 frames of 40 ms. A smaller step (arrival to an
+        exact source, typically the path's few ms) is taken at once.
+        """
+        last = self._frame_capture
+        self._frame_slewed = False
+        if last is not None and ext > last[0]:
+            floor = last[1] + (ext - last[0]) * NS // (4 * self.clock_rate)
+            if capture < floor:
+                capture = floor
+                self.slewed += 1
+                self._frame_slewed = True
+        self._frame_capture = (ext, capture)
+        return capture
 
     def on_sender_report(
         self, ssrc: int | None, ntp: int, rtp_ts: int, arrival_ns: int,
@@ -415,8 +459,8 @@ class TrackMapping:
         if (newest is not None and not self._sr
                 and 0 < publisher_ns - newest[1] < SR_MIN_SPAN_NS):
             return  # too close to the pending one to measure a rate: wait for a later one
-        latency = self._implied_latency(ext, publisher_ns)
-        fault = self._sr_fault(ext, publisher_ns, newest, latency)
+        implied = self._implied_latency(ext, publisher_ns)
+        fault = self._sr_fault(ext, publisher_ns, newest, implied)
         if fault is not None:
             self.sr_rejected += 1
             self._sr_strikes += 1
@@ -431,11 +475,11 @@ class TrackMapping:
             return
         if not self._sr:
             self._sr.append(newest)
-            self._sr_latency = latency
+            self._sr_latency = implied
         self._sr.append((ext, publisher_ns))
 
     def _sr_fault(self, ext: int, publisher_ns: int, newest: tuple[int, int] | None,
-                  latency: int | None) -> str | None:
+                  implied: tuple[int, int] | None) -> str | None:
         """Why this report disagrees with the previous one or with the media, if it does."""
         if newest is not None:
             p_ext, p_ns = newest
@@ -443,17 +487,20 @@ class TrackMapping:
             if span <= 0:
                 return "sender report NTP time not increasing"
             advance = (ext - p_ext) * NS // self.clock_rate
-            if abs(advance - span) > span * MAX_DRIFT_PPB // NS + SR_JITTER_NS:
+            if abs(advance - span) > span * SR_MAX_RATE_ERROR_PPB // NS + SR_JITTER_NS:
                 return f"sender report RTP time advances {advance / span:.3f}x its NTP time"
-        if latency is not None:
+        if implied is not None:
+            latency, zero = implied
             if latency < -SR_MAX_LEAD_NS:
                 return f"sender reports put capture {-latency / 1e6:.0f} ms after arrival"
             if latency > SR_MAX_LATENCY_NS:
                 return f"sender reports put capture {latency / 1e9:.1f} s before arrival"
-            if (self._sr_latency is not None
-                    and abs(latency - self._sr_latency) > SR_MAX_LATENCY_CHANGE_NS):
-                return (f"sender reports drift {(latency - self._sr_latency) / 1e6:+.0f} ms "
-                        "against the media")
+            if self._sr_latency is not None:
+                latency0, zero0 = self._sr_latency
+                if (abs(latency - latency0) > SR_MAX_LATENCY_CHANGE_NS
+                        and abs(zero - zero0) > SR_MAX_LATENCY_CHANGE_NS):
+                    return (f"sender reports drift {(latency - latency0) / 1e6:+.0f} ms "
+                            "against the media")
         return None
 
     def _sr_line(self) -> tuple[int, int, int]:
@@ -473,18 +520,21 @@ class TrackMapping:
         slope = (n1 - n0) / (e1 - e0) if e1 > e0 else NS / self.clock_rate
         if all(abs(ns - n0 - (ext - e0) * slope) <= SR_EXACT_NS for ext, ns in self._sr):
             s_ext, s_ns = self._sr[-1]
-            return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate)
+            return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate, SR_MAX_RATE_ERROR_PPB)
         recent = [(ext, ns) for ext, ns in self._sr if n1 - ns <= SR_ANCHOR_AGE_NS]
         s_ext, s_ns = min(recent, key=lambda report: report[1] - self._ticks_ns(report[0]))
         return s_ext, s_ns, 0
 
-    def _implied_latency(self, ext: int, publisher_ns: int) -> int | None:
-        """Least capture-to-arrival delay of recent frames if the report's line were true."""
+    def _implied_latency(self, ext: int, publisher_ns: int) -> tuple[int, int] | None:
+        """Least capture-to-arrival delay of recent frames if the report's line were true,
+        and that line's house time at RTP 0 at the nominal rate. The latter moves when the
+        reports' RTP time runs off the nominal rate against their NTP time (or the publisher's
+        offset estimate moves); the former also when the media's path to us gets longer."""
         offset = self.publisher.offset_ns
         if offset is None or not self._arrivals:
             return None
         line_at_zero = publisher_ns + offset - self._ticks_ns(ext)
-        return min(d for _, d in self._arrivals) - line_at_zero
+        return min(d for _, d in self._arrivals) - line_at_zero, line_at_zero
 
     def _distrust(self, reason: str) -> None:
         self.sr_distrust = reason

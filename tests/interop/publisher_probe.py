@@ -174,6 +174,18 @@ class Truth:
         # Per kind: payload -> (RTP timestamp, send time) of every packet sent with it.
         self.sent_payloads: dict[str, dict[bytes, list[tuple[int, int]]]] = {
             "audio": {}, "video": {}}
+        # Per kind, sorted: how long after its capture each frame's first packet was sent. A
+        # sender that stamps its reports at send time is late by this, and no receiver can
+        # map its frames closer to capture than the least of it.
+        self.send_lags: dict[str, list[int]] = {}
+
+    def send_lag_ms(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for kind, lags in self.send_lags.items():
+            if lags:
+                out[kind] = {f"p{q}": lags[q * (len(lags) - 1) // 100] / 1e6
+                             for q in (10, 50, 95)}
+        return out
 
     def of(self, kind: str, viewer_ts: int, offsets: dict[str, int]) -> int | None:
         known = self.by_viewer_ts[kind].get(viewer_ts)
@@ -260,9 +272,15 @@ def learn_rtp_lines(pub: dict[str, Any], truth: Truth) -> None:
         first = mine[0][0]
         truth.rtp_lines[kind] = (timeline.start_house_ns, rate, first.timestamp)
         sent: dict[bytes, list[tuple[int, int]]] = {}
+        lags: dict[int, int] = {}
         for p, at in mine:
             sent.setdefault(p.payload, []).append((p.timestamp, at))
+            if p.timestamp not in lags:
+                capture = timeline.start_house_ns + (
+                    (p.timestamp - first.timestamp) & MASK32) * NS // rate
+                lags[p.timestamp] = at - capture
         truth.sent_payloads[kind] = sent
+        truth.send_lags[kind] = sorted(lags.values())
 
 
 def rewrite_offsets(viewer: peers.Peer, truth: Truth) -> dict[str, int]:
@@ -283,6 +301,30 @@ def rewrite_offsets(viewer: peers.Peer, truth: Truth) -> dict[str, int]:
         if votes:
             offsets[kind] = votes.most_common(1)[0][0]
     return offsets
+
+
+def path_delay_ms(viewer: peers.Peer, truth: Truth,
+                  offsets: dict[str, int]) -> dict[str, dict[str, float]]:
+    """Per kind, percentiles of how long packets took from the publisher's send to the
+    viewer (through the product, on this machine's loaded loop): the product's estimate of the
+    publisher's clock offset is late by the least of this delay on the reports' way in."""
+    out = {}
+    for kind, offset in offsets.items():
+        ssrc = peers.received_ssrc(viewer, kind)
+        delays = []
+        for p, arrived in zip(viewer.received, viewer.received_ns, strict=True):
+            if p.ssrc != ssrc:
+                continue
+            upstream = (p.timestamp - offset) & MASK32
+            sent = [at for ts, at in truth.sent_payloads[kind].get(p.payload, [])
+                    if ts == upstream and 0 <= arrived - at <= RELAY_WINDOW_NS]
+            if sent:
+                delays.append(arrived - max(sent))
+        delays.sort()
+        if delays:
+            out[kind] = {f"p{q}": delays[q * (len(delays) - 1) // 100] / 1e6
+                         for q in (10, 50, 95)}
+    return out
 
 
 async def decode_video(viewer: peers.Peer, pub: dict[str, Any], kind: str, truth: Truth,
@@ -444,6 +486,8 @@ async def run(kind: str, seconds: float, settle_s: float,
                 result = {"kind": kind, "seconds": seconds, "settle_s": settle_s,
                           **figures(kind, viewer, records, truth, offsets, settle_s),
                           "publishers": status.get("publishers"),
+                          "send_lag_ms": truth.send_lag_ms(),
+                          "path_ms": path_delay_ms(viewer, truth, offsets),
                           "publish": {k: v for k, v in pub.items()
                                       if k in ("status", "act", "joined")}}
                 return result
