@@ -41,15 +41,14 @@ from sfu_sidecar.sync.wire import AnchorRecord, Source, predict_ns, signed32
 
 NS = 1_000_000_000
 MASK32 = 0xFFFFFFFF
-# RTP clocks drift by tens of ppm; a fitted slope past this is a bad fit, not a clock.
-MAX_DRIFT_PPB = 1_000_000
+# How far an RTP clock may run off its nominal rate and still be a clock. Oscillators drift by
+# tens of ppm, but a sender's RTP time may count what its device delivered: Chromium's fake
+# microphone in an idle headless run counted 0.5 % fewer samples than its NTP clock's seconds
+# (its reports and its packets agreed). Past this a fitted slope is a bad fit, and two reports
+# apart by more are broken (GStreamer 1.22's webrtcbin advances them at twice the media rate).
+MAX_DRIFT_PPB = 10_000_000
 # Sender report checks. Two reports at least this far apart measure their rate.
 SR_MIN_SPAN_NS = 500_000_000
-# Two reports' RTP advance may part from their NTP advance by this fraction and still be a clock:
-# Chromium's fake microphone in an idle headless run counted 0.5 % fewer samples than its NTP
-# clock's seconds (its reports say so, and its packets arrive at that rate), while the broken
-# reports this check is for run at twice the media rate (GStreamer 1.22's webrtcbin).
-SR_MAX_RATE_ERROR_PPB = 20_000_000
 # How far a sender may stamp a report off its true RTP <-> NTP relation: aiortc, for one, pairs
 # the send time of its last packet with that packet's timestamp, which is late by the encode and
 # pacing delay (a few ms, up to a frame interval). A rate error shows as much more than this
@@ -75,12 +74,20 @@ SR_MAX_LEAD_NS = 50_000_000
 SR_MAX_LATENCY_NS = 5_000_000_000
 # The latency a report line implies may wander by this much from the latency at trust time
 # before the reports count as out of step with the media, and only when the reports' own line
-# moved that far against the nominal media clock too. Latency that grows under a line that
-# stays is the path: a sender whose encoder falls behind under CPU load queues its packets
-# (110 ms over a minute in one loaded run, with reports that were right all along).
+# moved that far against the nominal media clock while the media's arrivals did not follow it
+# half way. Latency that grows under a line that stays is the path: a sender whose encoder
+# falls behind under CPU load queues its packets (110 ms over a minute in one loaded run, with
+# reports that were right all along); a line that moves with the media is an RTP clock off its
+# nominal rate (Chromium's audio skipping samples), and the two together are both of those.
 SR_MAX_LATENCY_CHANGE_NS = 100_000_000
 # Reports refused in a row before a track's reports are given up for its timeline.
 SR_STRIKES = 3
+# A frame's capture time follows its predecessor's by at least a quarter of their RTP spacing,
+# up to this (see TrackMapping._forward).
+FRAME_MIN_STEP_NS = 10_000_000
+# Frames whose capture time later packets (the rest of a frame, reordered, retransmitted) are
+# given: 2 s of 60 fps video, 2.5 s of 20 ms audio.
+RECENT_FRAMES = 128
 
 ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
 
@@ -267,11 +274,8 @@ class CaptureTime:
     first_packet: bool  # the first packet seen with this timestamp: one frame record each
 
 
-def _drift_ppb(
-    points: deque[tuple[int, int]], clock_rate: int, cap: int = MAX_DRIFT_PPB,
-) -> int:
-    """Drift of (ext, ns) points against the nominal rate, from the first and last point,
-    within ``cap``."""
+def _drift_ppb(points: deque[tuple[int, int]], clock_rate: int) -> int:
+    """Drift of (ext, ns) points against the nominal rate, from the first and last point."""
     if len(points) < 2:
         return 0
     (e0, n0), (e1, n1) = points[0], points[-1]
@@ -280,7 +284,7 @@ def _drift_ppb(
         return 0
     nominal = ticks * NS / clock_rate
     drift = round(((n1 - n0) / nominal - 1.0) * NS)
-    return max(-cap, min(cap, drift))
+    return max(-MAX_DRIFT_PPB, min(MAX_DRIFT_PPB, drift))
 
 
 class TrackMapping:
@@ -338,8 +342,8 @@ class TrackMapping:
         self._abs_last: tuple[int, int] | None = None
         self._arrivals: deque[tuple[int, int]] = deque(maxlen=self._arrival_window)
         self._frame_ext: int | None = None
-        self._frame_capture: tuple[int, int] | None = None  # (ext, capture ns) of the newest
-        self._frame_slewed = False  # whether _forward moved the newest frame
+        # The last RECENT_FRAMES frames, oldest first: ext -> (capture ns, source, estimated).
+        self._frames: dict[int, tuple[int, Source, bool]] = {}
         self._pending_reset = self.ssrc is not None
 
     def reset(self, ssrc: int | None = None) -> None:
@@ -383,42 +387,49 @@ class TrackMapping:
         self._refresh(ext)
         m = self._map
         assert m is not None
-        estimated = m.estimated
-        if not first and self._frame_capture is not None and ext == self._frame_capture[0]:
-            capture = self._frame_capture[1]  # a later packet of the newest frame: its time
-            estimated = estimated or self._frame_slewed
+        if not first:
+            known = self._frames.get(ext)
+            if known is not None:
+                # A later, reordered or retransmitted packet of a recent frame: that frame's
+                # time, source and flag, whatever the map says now.
+                return CaptureTime(rtp_ts & MASK32, ext, *known, first)
+        if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
+            capture = exact + (self.publisher.offset_ns or 0)
         else:
-            if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
-                capture = exact + (self.publisher.offset_ns or 0)
-            else:
-                capture = m.capture_of_ext(ext)
-            if first:
-                capture = self._forward(ext, capture)
-                estimated = estimated or self._frame_slewed
+            capture = m.capture_of_ext(ext)
+        estimated = m.estimated
+        if first:
+            capture, slewed = self._forward(ext, capture)
+            estimated = estimated or slewed
+            self._frames[ext] = (capture, m.source, estimated)
+            if len(self._frames) > RECENT_FRAMES:
+                del self._frames[next(iter(self._frames))]
         return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, estimated, first)
 
-    def _forward(self, ext: int, capture: int) -> int:
-        """The capture time of a new frame, never before the previous frame's.
+    def _forward(self, ext: int, capture: int) -> tuple[int, bool]:
+        """The capture time of a new frame, never before the previous frame's, and whether
+        that moved it.
 
         A better line (a less late report, a lower arrival envelope, a source switch, a
         publisher offset that improved) can put a frame before the one already sent to every
         viewer, and a timeline that runs backwards shows a caption twice and gives a segment a
         timestamp behind its predecessor. A frame is therefore placed at least a quarter of its
-        RTP spacing after the previous one, flagged estimated where that moved it, and the
-        following frames close the gap by three quarters of their spacing each until the line
-        is met: a 100 ms correction takes 4 frames of 40 ms. A smaller step (arrival to an
-        exact source, typically the path's few ms) is taken at once.
+        RTP spacing (at most FRAME_MIN_STEP_NS) after the previous one, flagged estimated where
+        that moved it, and the following frames close the gap by the rest of their spacing
+        each until the line is met: a 100 ms correction takes 4 frames of 40 ms. A smaller step
+        (arrival to an exact source, typically the path's few ms) is taken at once. The cap
+        keeps a timestamp jump on one SSRC (a sender restarting its RTP time) from pushing
+        capture time ahead by a quarter of the jump.
         """
-        last = self._frame_capture
-        self._frame_slewed = False
-        if last is not None and ext > last[0]:
-            floor = last[1] + (ext - last[0]) * NS // (4 * self.clock_rate)
-            if capture < floor:
-                capture = floor
-                self.slewed += 1
-                self._frame_slewed = True
-        self._frame_capture = (ext, capture)
-        return capture
+        if self._frames:
+            last_ext = next(reversed(self._frames))
+            if ext > last_ext:
+                step = min((ext - last_ext) * NS // (4 * self.clock_rate), FRAME_MIN_STEP_NS)
+                floor = self._frames[last_ext][0] + step
+                if capture < floor:
+                    self.slewed += 1
+                    return floor, True
+        return capture, False
 
     def on_sender_report(
         self, ssrc: int | None, ntp: int, rtp_ts: int, arrival_ns: int,
@@ -487,7 +498,7 @@ class TrackMapping:
             if span <= 0:
                 return "sender report NTP time not increasing"
             advance = (ext - p_ext) * NS // self.clock_rate
-            if abs(advance - span) > span * SR_MAX_RATE_ERROR_PPB // NS + SR_JITTER_NS:
+            if abs(advance - span) > span * MAX_DRIFT_PPB // NS + SR_JITTER_NS:
                 return f"sender report RTP time advances {advance / span:.3f}x its NTP time"
         if implied is not None:
             latency, zero = implied
@@ -497,8 +508,11 @@ class TrackMapping:
                 return f"sender reports put capture {latency / 1e9:.1f} s before arrival"
             if self._sr_latency is not None:
                 latency0, zero0 = self._sr_latency
+                moved = zero - zero0  # the reports' line, against the nominal clock
+                followed = (latency - latency0) + moved  # the media's arrivals, likewise
                 if (abs(latency - latency0) > SR_MAX_LATENCY_CHANGE_NS
-                        and abs(zero - zero0) > SR_MAX_LATENCY_CHANGE_NS):
+                        and abs(moved) > SR_MAX_LATENCY_CHANGE_NS
+                        and followed * moved < moved * moved // 2):
                     return (f"sender reports drift {(latency - latency0) / 1e6:+.0f} ms "
                             "against the media")
         return None
@@ -520,7 +534,7 @@ class TrackMapping:
         slope = (n1 - n0) / (e1 - e0) if e1 > e0 else NS / self.clock_rate
         if all(abs(ns - n0 - (ext - e0) * slope) <= SR_EXACT_NS for ext, ns in self._sr):
             s_ext, s_ns = self._sr[-1]
-            return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate, SR_MAX_RATE_ERROR_PPB)
+            return s_ext, s_ns, _drift_ppb(self._sr, self.clock_rate)
         recent = [(ext, ns) for ext, ns in self._sr if n1 - ns <= SR_ANCHOR_AGE_NS]
         s_ext, s_ns = min(recent, key=lambda report: report[1] - self._ticks_ns(report[0]))
         return s_ext, s_ns, 0

@@ -649,3 +649,109 @@ def test_a_better_line_never_runs_capture_time_backwards() -> None:
     assert slewed_frames and slewed_frames[0] >= 150 and slewed_frames[-1] < 157
     on_line = HOUSE_T0 + 160 * spacing + 10_000_000
     assert moved[160] == 0 and abs(captures[160] - on_line) < NS // 1000
+
+
+def test_every_packet_of_a_frame_gets_that_frames_time_and_flag() -> None:
+    """Frames of three packets, the last arriving after a report that moves the line (the map
+    changes within a frame), and a retransmission of a frame the guard moved: each packet
+    gets the time, source and flag its frame was given, so a segment timed by a frame's last
+    packet stays in order, and no packet claims an exactness its frame did not have."""
+    track = SimTrack(90_000, base=70, ssrc=0x88)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    given: dict[int, tuple[int, Source, bool]] = {}
+    next_sr = HOUSE_T0
+    for i in range(90):
+        t = HOUSE_T0 + i * NS // 30
+        ts = track.rtp_at(t)
+        for p in range(3):
+            # 120 ms late until the reports are trusted; the second report lands mid-frame.
+            got = m.on_rtp(0x88, ts, t + 120_000_000 + p * 1_000_000)
+            if p == 0:
+                given[ts] = (got.capture_ns, got.source, got.estimated)
+            else:
+                assert (got.capture_ns, got.source, got.estimated) == given[ts]
+            if p == 0 and t >= next_sr:
+                m.on_sender_report(0x88, *track.sr(t), t + 1_000_000)
+                next_sr += NS
+    captures = [c for c, _, _ in given.values()]
+    assert all(b > a for a, b in itertools.pairwise(captures))
+    moved = [ts for ts, (c, src, est) in given.items()
+             if src is Source.SENDER_REPORT and est]
+    assert moved and m.slewed == len(moved)
+    # A retransmission of a moved frame keeps its place, where the line would put it before
+    # its predecessor.
+    ts = moved[0]
+    again = m.on_rtp(0x88, ts, HOUSE_T0 + 4 * NS)
+    assert not again.first_packet
+    assert (again.capture_ns, again.source, again.estimated) == given[ts]
+    # Frames after the step are exact and on the line.
+    last_ts = track.rtp_at(HOUSE_T0 + 89 * NS // 30)
+    assert given[last_ts][1:] == (Source.SENDER_REPORT, False)
+    assert abs(given[last_ts][0] - (HOUSE_T0 + 89 * NS // 30)) <= 12_000
+
+
+def test_a_timestamp_jump_on_one_ssrc_does_not_push_capture_time_ahead() -> None:
+    """A sender that restarts its RTP time 10 s ahead on the same SSRC: the frame after the
+    jump follows its predecessor by at most FRAME_MIN_STEP_NS, not a quarter of the jump, and
+    stays on its arrival."""
+    m = TrackMapping(90_000, PublisherClock())
+    out = []
+    for i in range(120):
+        t = HOUSE_T0 + i * NS // 30
+        ts = 1_000 + i * 3_000 + (900_000 if i >= 60 else 0)
+        got = m.on_rtp(0x99, ts, t + 20_000_000)
+        out.append((t + 20_000_000, got.capture_ns))
+    assert all(b > a for (_, a), (_, b) in itertools.pairwise(out))
+    assert all(capture <= arrival + m.DEFAULT_TOLERANCE_NS for arrival, capture in out)
+
+
+def test_reports_of_a_sender_that_skips_samples_and_queues_under_load_are_kept() -> None:
+    """Both at once, as on a loaded machine: audio whose RTP time falls behind its clock by
+    1700 ppm (skipped samples; exact reports) and a send queue growing by 2000 ppm. The
+    reports' line moves against the nominal clock and the implied latency grows, each past
+    100 ms within a minute, but the media's arrivals moved with the line: the reports stay."""
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(48_000, clock)
+    rtp, t = 3_000, HOUSE_T0
+    next_sr = HOUSE_T0 + NS // 2
+    last: tuple[int, int] | None = None
+    frames = []
+    for i in range(4500):  # 90 s of 20 ms frames
+        if last is not None and t >= next_sr:
+            since = (t - last[0]) * 48_000 // NS
+            m.on_sender_report(1, unix_ns_to_ntp(t - PUB_OFFSET), (last[1] + since) & 0xFFFFFFFF,
+                               t + 1_000_000)
+            next_sr += 5 * NS
+        queue = 3_000_000 + (t - HOUSE_T0) // 500
+        got = m.on_rtp(1, rtp & 0xFFFFFFFF, t + queue)
+        frames.append((t, got.capture_ns, got.source))
+        last = (t, rtp)
+        rtp += 960
+        t += 20_000_000 + (10_000_000 if i % 300 == 299 else 0)
+    assert m.sr_distrust is None and m.sr_rejected == 0
+    steady = frames[300:]
+    assert all(src is Source.SENDER_REPORT for _, _, src in steady)
+    assert max(abs(c - true) for true, c, _ in steady) <= 20_000_000
+
+
+def test_reports_two_percent_off_their_media_are_refused_at_the_first_pair() -> None:
+    """Reports whose RTP time runs 1.9 % fast against their NTP time, 5 s apart, while the
+    packets run at the nominal rate: past what any clock here did (0.5 %), refused at the
+    first pair, so no frame is mapped by them."""
+    track = SimTrack(90_000, base=1, ssrc=4)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    next_sr = HOUSE_T0
+    for i in range(30 * 30):
+        t = HOUSE_T0 + i * NS // 30
+        if t >= next_sr:
+            rtp = (track.base + round((t - HOUSE_T0) * 90_000 * 1.019 / NS)) & 0xFFFFFFFF
+            m.on_sender_report(4, unix_ns_to_ntp(t - PUB_OFFSET), rtp, t + 1_000_000)
+            next_sr += 5 * NS
+        got = m.on_rtp(4, track.rtp_at(t), t + 3_000_000)
+        assert got.source is Source.ARRIVAL
+    assert m.sr_rejected >= 1
