@@ -86,6 +86,7 @@ export class FrameCues {
     this.vtt = new Map(); // cue id -> VTTCue on the track
     this.placing = null; // the presented frame cues are placed for: {frameS, t}
     this.replacements = 0;
+    this.refreshes = 0; // cues put back fresh because the browser's list disagreed
   }
 
   // The frame being presented: its capture stream time and currentTime as read for it.
@@ -120,7 +121,19 @@ export class FrameCues {
       this.vtt.set(id, added);
       return;
     }
-    if (!force && placedWell(vtt, start <= t && t < end, frameS >= cue.end, t)) return;
+    const shouldBeActive = start <= t && t < end;
+    if (!force && placedWell(vtt, shouldBeActive, frameS >= cue.end, t)) {
+      if (this.browserAgrees(vtt, shouldBeActive)) return;
+      // Placed right, yet the track still lists it the other way: Chromium re-evaluates a
+      // moved cue at times of its own, and in MSE playback a cue moved off at its end stayed
+      // listed (and shown) for up to 13 frames (measured). A fresh cue in its place is
+      // evaluated at once.
+      this.track.removeCue(vtt);
+      this.vtt.delete(id);
+      this.refreshes++;
+      this.sync(id, cue);
+      return;
+    }
     this.replacements++;
     // Widen first, so the cue never has end < start in between.
     if (end > vtt.endTime) {
@@ -137,6 +150,16 @@ export class FrameCues {
   syncAll(cues) {
     for (const [id, cue] of cues) this.sync(id, cue);
     for (const id of [...this.vtt.keys()]) if (!cues.has(id)) this.sync(id, undefined);
+  }
+
+  // Whether the browser's list of active cues has `vtt` as the placement says. Without such a
+  // list (a track that is disabled, or not a browser's) there is nothing to disagree with.
+  browserAgrees(vtt, shouldBeActive) {
+    const listed = this.track.activeCues;
+    if (listed === undefined || listed === null) return true;
+    let found = false;
+    for (const c of listed) if (c === vtt) found = true;
+    return found === shouldBeActive;
   }
 
   // The cues of `cues` the track has active now.

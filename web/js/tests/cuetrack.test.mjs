@@ -57,3 +57,59 @@ test("a cue is placed with its settings, and new settings replace the VTTCue", (
   assert.notEqual(third, second);
   assert.equal(third.line, undefined);
 });
+
+// A track whose list of active cues is brought up to date only when cues are added or removed,
+// or when told to: as Chromium did in MSE playback after a cue's times were moved.
+class LaggingTrack extends Track {
+  constructor() {
+    super();
+    this.activeCues = [];
+    this.t = 0;
+  }
+
+  evaluate() {
+    this.activeCues = [...this.cues].filter((c) => c.startTime <= this.t && this.t < c.endTime);
+  }
+
+  addCue(c) {
+    super.addCue(c);
+    this.evaluate();
+  }
+
+  removeCue(c) {
+    super.removeCue(c);
+    this.evaluate();
+  }
+}
+
+test("a cue the browser still lists as active past its end is put back fresh", () => {
+  const track = new LaggingTrack();
+  const placer = new FrameCues(track, { makeCue });
+  const cue = { id: "a", start: 1, end: 2, text: "hi" };
+  const cues = new Map([["a", cue]]);
+  // Frames 0.5 s apart on a currentTime that runs with them.
+  for (const frameS of [1.0, 1.5]) {
+    track.t = 10 + frameS;
+    placer.place(frameS, track.t);
+    placer.syncAll(cues);
+  }
+  assert.deepEqual(placer.active(cues), [cue]);
+  // Past its end: the VTTCue is moved off, but the lagging list still has it.
+  track.t = 12.1;
+  placer.place(2.1, track.t);
+  placer.syncAll(cues);
+  assert.deepEqual(placer.active(cues), [cue]); // the browser's word, not yet re-evaluated
+  assert.equal(placer.refreshes, 0);
+  // The next frame finds the disagreement and replaces the cue: the list is right at once.
+  track.t = 12.2;
+  placer.place(2.2, track.t);
+  placer.syncAll(cues);
+  assert.deepEqual(placer.active(cues), []);
+  assert.equal(placer.refreshes, 1);
+  assert.equal(track.cues.size, 1);
+  // Agreeing again, it is left alone.
+  track.t = 12.3;
+  placer.place(2.3, track.t);
+  placer.syncAll(cues);
+  assert.equal(placer.refreshes, 1);
+});
