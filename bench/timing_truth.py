@@ -65,23 +65,33 @@ def fmt(value: Any, spec: str) -> str:
 
 
 def publisher_table(results: list[dict[str, Any]]) -> None:
-    print("| publisher    | track | source (share)          | frames | backwards | rate ppm "
-          "| p95 err ms | median err ms | A/V skew ms |")
-    print("|--------------|-------|-------------------------|-------:|----------:|---------:"
-          "|-----------:|--------------:|------------:|")
+    """One row per track. ``slewed``: frames the product placed later than a better line put
+    them, so that capture time never ran backwards (the whole run, start-up included).
+    ``send lag p10``: where the publisher's sent packets are recorded, how late after capture
+    it sends a frame (10th percentile); a sender that stamps reports at send time is that late,
+    and no receiver maps its frames closer than that."""
+    print("| publisher    | track | source (share)          | frames | backwards | slewed "
+          "| rate ppm | p95 err ms | median err ms | send lag p10 ms | A/V skew ms |")
+    print("|--------------|-------|-------------------------|-------:|----------:|-------:"
+          "|---------:|-----------:|--------------:|----------------:|------------:|")
     for r in results:
         if "error" in r:
             print(f"| {r['kind']:<12} | failed: {r['error'][-200:]!r}")
             continue
+        tracks = (r.get("publishers") or [{}])[0].get("tracks", {})
         for media in ("video", "audio"):
             f = r[media]
             total = max(1, f["frames"])
             src = ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in f["sources"].items())
             skew = r.get("av_skew_ms") if media == "video" else None
+            slewed = tracks.get(media, {}).get("frames_slewed")
+            lag = r.get("send_lag_ms", {}).get(media, {}).get("p10")
             print(f"| {r['kind']:<12} | {media:<5} | {src:<23} | {f['frames']:>6} "
-                  f"| {f['backwards']:>9} | {fmt(f['rate_ppm'], '+8.1f'):>8} "
+                  f"| {f['backwards']:>9} | {fmt(slewed, 'd'):>6} "
+                  f"| {fmt(f['rate_ppm'], '+8.1f'):>8} "
                   f"| {fmt(f.get('abs_err_p95_ms'), '.2f'):>10} "
-                  f"| {fmt(f.get('err_median_ms'), '+.2f'):>13} | {fmt(skew, '+.2f'):>11} |")
+                  f"| {fmt(f.get('err_median_ms'), '+.2f'):>13} | {fmt(lag, '.2f'):>15} "
+                  f"| {fmt(skew, '+.2f'):>11} |")
 
 
 def run_failover(max_slew_ppm: float, work: Path) -> list[dict[str, Any]]:

@@ -540,6 +540,7 @@ class SyncService(RelayObserver):
                 "drift_ppb": cur.drift_ppb if cur is not None else None,
                 "sender_reports_refused": m.sr_rejected,
                 "sender_reports_distrusted": m.sr_distrust,
+                "frames_slewed": m.slewed,
             }
         return {"stream": stream, "tracks": tracks}
 

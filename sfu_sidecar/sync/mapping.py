@@ -82,6 +82,12 @@ SR_MAX_LATENCY_NS = 5_000_000_000
 SR_MAX_LATENCY_CHANGE_NS = 100_000_000
 # Reports refused in a row before a track's reports are given up for its timeline.
 SR_STRIKES = 3
+# A frame's capture time follows its predecessor's by at least a quarter of their RTP spacing,
+# up to this (see TrackMapping._forward).
+FRAME_MIN_STEP_NS = 10_000_000
+# Frames whose capture time later packets (the rest of a frame, reordered, retransmitted) are
+# given: 2 s of 60 fps video, 2.5 s of 20 ms audio.
+RECENT_FRAMES = 128
 
 ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
 
@@ -315,6 +321,9 @@ class TrackMapping:
         self.ssrc: int | None = None
         self.resets = 0
         self.sr_rejected = 0  # sender reports refused by the checks
+        # Frames placed later than their source's line put them, so that capture time never
+        # runs backwards (see _forward).
+        self.slewed = 0
         # Why this track's reports are not used, None while they are (or none came yet).
         self.sr_distrust: str | None = None
         self._version = 0
@@ -333,7 +342,8 @@ class TrackMapping:
         self._abs_last: tuple[int, int] | None = None
         self._arrivals: deque[tuple[int, int]] = deque(maxlen=self._arrival_window)
         self._frame_ext: int | None = None
-        self._frame_arrival = 0
+        # The last RECENT_FRAMES frames, oldest first: ext -> (capture ns, source, estimated).
+        self._frames: dict[int, tuple[int, Source, bool]] = {}
         self._pending_reset = self.ssrc is not None
 
     def reset(self, ssrc: int | None = None) -> None:
@@ -360,7 +370,7 @@ class TrackMapping:
         # packet of an older frame must neither repeat its record nor lend it a late arrival.
         first = self._frame_ext is None or ext > self._frame_ext
         if first:
-            self._frame_ext, self._frame_arrival = ext, arrival_ns
+            self._frame_ext = ext
             self._arrivals.append((ext, arrival_ns - self._ticks_ns(ext)))
         exact: int | None = None
         if abs_capture is None and self.relayed:
@@ -377,14 +387,49 @@ class TrackMapping:
         self._refresh(ext)
         m = self._map
         assert m is not None
+        if not first:
+            known = self._frames.get(ext)
+            if known is not None:
+                # A later, reordered or retransmitted packet of a recent frame: that frame's
+                # time, source and flag, whatever the map says now.
+                return CaptureTime(rtp_ts & MASK32, ext, *known, first)
         if m.source is Source.ABS_CAPTURE_TIME and exact is not None:
-            offset = self.publisher.offset_ns or 0
-            capture = exact + offset
-        elif m.source is Source.ARRIVAL and ext == self._frame_ext:
-            capture = self._frame_arrival
+            capture = exact + (self.publisher.offset_ns or 0)
         else:
             capture = m.capture_of_ext(ext)
-        return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, m.estimated, first)
+        estimated = m.estimated
+        if first:
+            capture, slewed = self._forward(ext, capture)
+            estimated = estimated or slewed
+            self._frames[ext] = (capture, m.source, estimated)
+            if len(self._frames) > RECENT_FRAMES:
+                del self._frames[next(iter(self._frames))]
+        return CaptureTime(rtp_ts & MASK32, ext, capture, m.source, estimated, first)
+
+    def _forward(self, ext: int, capture: int) -> tuple[int, bool]:
+        """The capture time of a new frame, never before the previous frame's, and whether
+        that moved it.
+
+        A better line (a less late report, a lower arrival envelope, a source switch, a
+        publisher offset that improved) can put a frame before the one already sent to every
+        viewer, and a timeline that runs backwards shows a caption twice and gives a segment a
+        timestamp behind its predecessor. A frame is therefore placed at least a quarter of its
+        RTP spacing (at most FRAME_MIN_STEP_NS) after the previous one, flagged estimated where
+        that moved it, and the following frames close the gap by the rest of their spacing
+        each until the line is met: a 100 ms correction takes 4 frames of 40 ms. A smaller step
+        (arrival to an exact source, typically the path's few ms) is taken at once. The cap
+        keeps a timestamp jump on one SSRC (a sender restarting its RTP time) from pushing
+        capture time ahead by a quarter of the jump.
+        """
+        if self._frames:
+            last_ext = next(reversed(self._frames))
+            if ext > last_ext:
+                step = min((ext - last_ext) * NS // (4 * self.clock_rate), FRAME_MIN_STEP_NS)
+                floor = self._frames[last_ext][0] + step
+                if capture < floor:
+                    self.slewed += 1
+                    return floor, True
+        return capture, False
 
     def on_sender_report(
         self, ssrc: int | None, ntp: int, rtp_ts: int, arrival_ns: int,

@@ -63,7 +63,9 @@ def test_relayed_stream_resolves_to_true_capture_times() -> None:
         for i, v in enumerate(viewers):
             viewer_ts = (ts + offsets[i]) & 0xFFFFFFFF
             v.on_forwarded(kind, pub.mappings[kind], got, viewer_ts, arrival, keyframe=False)
-            if got.source is not Source.ARRIVAL:
+            # Exact frames only: not arrival estimates, nor the audio frames that close the
+            # step back from arrival to the sender reports' line.
+            if not got.estimated:
                 truth[i][(track, viewer_ts)] = capture
             deliver(i, arrival)
     for i in range(2):
@@ -76,6 +78,11 @@ def test_relayed_stream_resolves_to_true_capture_times() -> None:
                 assert abs(resolved[i][key] - capture) <= 21_000, key
                 checked += 1
         assert checked == len(truth[i])
+        # Every video frame is exact. The audio maps by arrival until its second report that
+        # follows a packet (2 s in: the one at 0 s came before any packet, so before the SSRC
+        # was known), then all of its 50 frames but the few that close the 40 ms step back.
+        assert sum(1 for track, _ in truth[i] if track == 0) == 90
+        assert 45 <= sum(1 for track, _ in truth[i] if track == 1) < 50
     # The audio frames before the first SR came from arrival; from it on, sender reports.
     assert pub.mappings["audio"].current is not None
     assert pub.mappings["audio"].current.source is Source.SENDER_REPORT

@@ -159,9 +159,17 @@ def test_arrival_until_the_first_sender_report() -> None:
     t_sr = HOUSE_T0 + NS
     m.on_rtp(7, track.rtp_at(t_sr), t_sr + 30_000_000)
     assert m.on_sender_report(7, *track.sr(t_sr), t_sr + 30_000_000)
+    # The line is 30 ms earlier than the arrivals were, and the frames are 33 ms apart: the
+    # first frame on it would land 3 ms after the last arrival-mapped one, so it is placed a
+    # quarter frame (8.3 ms) after it, flagged; the next frame is on the line.
     t = t_sr + NS // 30
     got = m.on_rtp(7, track.rtp_at(t), t + 30_000_000)
-    assert got.source is Source.SENDER_REPORT
+    assert got.source is Source.SENDER_REPORT and got.estimated
+    assert abs(got.capture_ns - (t_sr + 30_000_000 + NS // 120)) <= 12_000
+    assert m.slewed == 1
+    t += NS // 30
+    got = m.on_rtp(7, track.rtp_at(t), t + 30_000_000)
+    assert got.source is Source.SENDER_REPORT and not got.estimated
     assert abs(got.capture_ns - t) <= 1
 
 
@@ -348,17 +356,26 @@ def test_publisher_reconnect_starts_a_new_timeline() -> None:
     assert m.current is not None and not m.current.reset  # reset flags the first map only
 
 
-def test_arrival_line_is_the_lower_envelope_and_frames_keep_their_arrival() -> None:
+def test_arrival_line_is_the_lower_envelope_and_frames_sit_on_it() -> None:
+    """Frames map to the lower envelope of arrivals, not each to its own arrival: the
+    least jittered guess, and the same line a viewer's anchor carries, so a frame whose record
+    a viewer lacks maps to where its record would have put it."""
     rng = random.Random(3)
     m = TrackMapping(90_000, PublisherClock())
     track = SimTrack(90_000, base=0xFFFF_0000, ssrc=4)
-    arrivals = []
+    arrivals, frames = [], []
     for i in range(120):
         t = HOUSE_T0 + i * NS // 30
-        arrival = t + 10_000_000 + int(rng.expovariate(1 / 5_000_000))
+        # Jitter of up to a few frame intervals: raw arrivals would run backwards.
+        arrival = t + 10_000_000 + int(rng.expovariate(1 / 25_000_000))
         got = m.on_rtp(4, track.rtp_at(t), arrival)
-        assert got.source is Source.ARRIVAL and got.capture_ns == arrival
+        cur = m.current
+        assert got.source is Source.ARRIVAL and got.estimated and cur is not None
+        assert got.capture_ns <= arrival + m.DEFAULT_TOLERANCE_NS  # the map's own slack
+        assert abs(got.capture_ns - cur.capture_of(got.rtp_ts)) <= 12_000
         arrivals.append((track.rtp_at(t), arrival))
+        frames.append((arrival, got.capture_ns, got.source))
+    _monotonic_and_rate(frames)
     cur = m.current
     assert cur is not None and cur.source is Source.ARRIVAL
     recent = arrivals[-64:]
@@ -606,6 +623,88 @@ def test_reports_are_kept_while_a_loaded_sender_queues_its_media() -> None:
     assert m.sr_distrust is None and m.sr_rejected == 0
     assert all(src is Source.SENDER_REPORT for _, _, src in out[30:])
     assert max(abs(cap - t) for t, cap, _ in out[30:]) < 12_000
+
+
+def test_a_better_line_never_runs_capture_time_backwards() -> None:
+    """Arrival-mapped frames whose path delay drops by 150 ms (a sender's queue drains): the
+    envelope moves 150 ms earlier. Taken at once, capture time would step back by more than
+    four frames. Instead every frame stays after the previous one by at least a quarter of
+    its spacing, the moved ones are flagged and counted, and the line is met within 7 frames."""
+    m = TrackMapping(90_000, PublisherClock())
+    track = SimTrack(90_000, base=1_000, ssrc=0x77)
+    frames, moved = [], []
+    for i in range(300):
+        t = HOUSE_T0 + i * NS // 30
+        delay = 160_000_000 if i < 150 else 10_000_000
+        got = m.on_rtp(0x77, track.rtp_at(t), t + delay)
+        frames.append((t + delay, got.capture_ns, got.source))
+        cur = m.current
+        assert cur is not None
+        moved.append(got.capture_ns - cur.capture_of(got.rtp_ts))
+    captures = [c for _, c, _ in frames]
+    spacing = NS // 30
+    assert all(b - a >= spacing // 4 - 1 for a, b in itertools.pairwise(captures))
+    assert m.slewed >= 1
+    slewed_frames = [i for i, d in enumerate(moved) if d > 0]
+    assert slewed_frames and slewed_frames[0] >= 150 and slewed_frames[-1] < 157
+    on_line = HOUSE_T0 + 160 * spacing + 10_000_000
+    assert moved[160] == 0 and abs(captures[160] - on_line) < NS // 1000
+
+
+def test_every_packet_of_a_frame_gets_that_frames_time_and_flag() -> None:
+    """Frames of three packets, the last arriving after a report that moves the line (the map
+    changes within a frame), and a retransmission of a frame the guard moved: each packet
+    gets the time, source and flag its frame was given, so a segment timed by a frame's last
+    packet stays in order, and no packet claims an exactness its frame did not have."""
+    track = SimTrack(90_000, base=70, ssrc=0x88)
+    clock = PublisherClock()
+    clock.join(PUB_OFFSET)
+    m = TrackMapping(90_000, clock)
+    given: dict[int, tuple[int, Source, bool]] = {}
+    next_sr = HOUSE_T0
+    for i in range(90):
+        t = HOUSE_T0 + i * NS // 30
+        ts = track.rtp_at(t)
+        for p in range(3):
+            # 120 ms late until the reports are trusted; the second report lands mid-frame.
+            got = m.on_rtp(0x88, ts, t + 120_000_000 + p * 1_000_000)
+            if p == 0:
+                given[ts] = (got.capture_ns, got.source, got.estimated)
+            else:
+                assert (got.capture_ns, got.source, got.estimated) == given[ts]
+            if p == 0 and t >= next_sr:
+                m.on_sender_report(0x88, *track.sr(t), t + 1_000_000)
+                next_sr += NS
+    captures = [c for c, _, _ in given.values()]
+    assert all(b > a for a, b in itertools.pairwise(captures))
+    moved = [ts for ts, (c, src, est) in given.items()
+             if src is Source.SENDER_REPORT and est]
+    assert moved and m.slewed == len(moved)
+    # A retransmission of a moved frame keeps its place, where the line would put it before
+    # its predecessor.
+    ts = moved[0]
+    again = m.on_rtp(0x88, ts, HOUSE_T0 + 4 * NS)
+    assert not again.first_packet
+    assert (again.capture_ns, again.source, again.estimated) == given[ts]
+    # Frames after the step are exact and on the line.
+    last_ts = track.rtp_at(HOUSE_T0 + 89 * NS // 30)
+    assert given[last_ts][1:] == (Source.SENDER_REPORT, False)
+    assert abs(given[last_ts][0] - (HOUSE_T0 + 89 * NS // 30)) <= 12_000
+
+
+def test_a_timestamp_jump_on_one_ssrc_does_not_push_capture_time_ahead() -> None:
+    """A sender that restarts its RTP time 10 s ahead on the same SSRC: the frame after the
+    jump follows its predecessor by at most FRAME_MIN_STEP_NS, not a quarter of the jump, and
+    stays on its arrival."""
+    m = TrackMapping(90_000, PublisherClock())
+    out = []
+    for i in range(120):
+        t = HOUSE_T0 + i * NS // 30
+        ts = 1_000 + i * 3_000 + (900_000 if i >= 60 else 0)
+        got = m.on_rtp(0x99, ts, t + 20_000_000)
+        out.append((t + 20_000_000, got.capture_ns))
+    assert all(b > a for (_, a), (_, b) in itertools.pairwise(out))
+    assert all(capture <= arrival + m.DEFAULT_TOLERANCE_NS for arrival, capture in out)
 
 
 def test_reports_of_a_sender_that_skips_samples_and_queues_under_load_are_kept() -> None:
