@@ -142,10 +142,12 @@ def main() -> None:
                 page = browser.new_page()
                 page.goto(f"{server.base}/?stream={STREAM}")
                 page.wait_for_function("() => window.sfuViewer !== undefined", timeout=10000)
-                page.evaluate(RECORD_JS)
-                page.evaluate("() => window.sfuViewer.frameListeners.push(() => {"
+                # Recorder and wall-clock stamp start in one evaluate: a frame presented between
+                # two calls would be recorded without its wall time.
+                page.evaluate("() => { (" + RECORD_JS.strip() + ")();"
+                              " window.sfuViewer.frameListeners.push(() => {"
                               " const f = window.probeFrames.at(-1);"
-                              " if (f && f.wall_ms === undefined) f.wall_ms = Date.now(); })")
+                              " if (f && f.wall_ms === undefined) f.wall_ms = Date.now(); }); }")
                 page.wait_for_function(f"() => ({mapped_js})('0') >= 30", timeout=20000)
                 resource = page.evaluate("() => window.sfuViewer.session.resourceUrl")
                 result["page_worker"] = page_worker(server.base, resource)
