@@ -52,6 +52,7 @@ RECORD_JS = """
     window.probeFrames.push({n, frameS: record.frameS, mediaTime: record.mediaTime,
                              currentTime: record.currentTime,
                              cues: record.cues, resyncs: player.stats.resyncs,
+                             seeks: player.stats.seeks['live-edge'] + player.stats.seeks.hole,
                              wall: Date.now()});
   }];
 }

@@ -74,10 +74,18 @@ def test_mse_playback_keeps_captions_on_the_frames_through_a_discontinuity(
     assert end - start >= 0.8 * (2 * WATCH_S + GAP_S), result["current_time"]
 
     # The break, where the frames' stream times jump: the last frame before it and the first
-    # after.
-    gaps = [(a, b) for a, b in itertools.pairwise(frames) if b["frameS"] - a["frameS"] > 0.8]
-    assert len(gaps) == 1, [(a["frameS"], b["frameS"]) for a, b in gaps]
-    last_before, first_after = gaps[0]
+    # after, the first frame played after the player's one resync. Any other jump is one the
+    # player made itself and counted: following the live edge after falling behind (a loaded
+    # machine stalled H.264 playback after the seek across the break long enough for one), or
+    # skipping a hole.
+    at = [f["resyncs"] for f in frames].index(1)
+    last_before, first_after = frames[at - 1], frames[at]
+    assert first_after["frameS"] - last_before["frameS"] > 0.8, (last_before, first_after)
+    for a, b in itertools.pairwise(frames):
+        if b["frameS"] - a["frameS"] > 0.8 and b is not first_after:
+            assert b["seeks"] > a["seeks"], ("an unexplained jump", a, b, stats["seeks"])
+            print(f"\nthe player jumped from {a['frameS']:.3f} s to {b['frameS']:.3f} s "
+                  f"(seeks {stats['seeks']})")
     back_s = first_after["frameS"]
 
     # Media time is stream time: each frame's pts (as the player reads it) is the true capture
@@ -102,7 +110,6 @@ def test_mse_playback_keeps_captions_on_the_frames_through_a_discontinuity(
     correction = after["lastCorrection"]
     assert correction["reason"] == "discontinuity"
     assert GAP_S - 0.3 <= correction["jumpS"] <= GAP_S + 1.0, correction
-    assert [f["resyncs"] for f in frames].index(1) == frames.index(first_after)
     assert result["panel"].startswith("1 (discontinuity"), result["panel"]
 
     check_captions(result, codec, before_s=last_before["frameS"], after_s=back_s)
