@@ -64,7 +64,10 @@ class PatternVideo(MediaStreamTrack):
 
 
 class ToneAudio(MediaStreamTrack):
-    """20 ms frames of a 440 Hz tone, 48 kHz mono."""
+    """20 ms frames of a 440 Hz tone with a faint dither, 48 kHz mono. The dither differs per
+    frame (seeded by its number): a pure tone repeats every 100 ms and, once the Opus encoder
+    settles on it, so do its packets, and tests that find a packet's copies by its payload
+    would find none unique."""
 
     kind = "audio"
 
@@ -82,7 +85,8 @@ class ToneAudio(MediaStreamTrack):
             await asyncio.sleep(delay)
         n = 960
         t = (np.arange(n) + self.count * n) / 48000
-        samples = (np.sin(2 * np.pi * 440 * t) * 8000).astype(np.int16).reshape(1, -1)
+        dither = np.random.default_rng(self.count).integers(-64, 65, n)
+        samples = (np.sin(2 * np.pi * 440 * t) * 8000 + dither).astype(np.int16).reshape(1, -1)
         frame = AudioFrame.from_ndarray(samples, format="s16", layout="mono")
         frame.sample_rate = 48000
         frame.pts = self.count * n

@@ -48,6 +48,7 @@ def test_a_feed_to_a_janus_streaming_mountpoint_reaches_viewers_of_janus() -> No
         assert feed[counter] == 0, (counter, feed)
     # The copies through Janus are the copies the sidecar sent (same payloads).
     assert result["payload_matches"]["video"] >= SECONDS * 15
+    assert result["payload_matches"]["audio"] >= SECONDS * 25
 
     # Janus sends its viewer sender reports of its own: their NTP time is Janus's clock when
     # it forwarded the packet, so it runs late of the capture time by the hop's delay, and
