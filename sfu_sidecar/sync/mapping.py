@@ -341,7 +341,6 @@ class TrackMapping:
         self._abs: deque[tuple[int, int]] = deque()  # (ext, sender-clock ns), ≥ 100 ms apart
         self._abs_last: tuple[int, int] | None = None
         self._arrivals: deque[tuple[int, int]] = deque(maxlen=self._arrival_window)
-        self._frame_ext: int | None = None
         # The last RECENT_FRAMES frames, oldest first: ext -> (capture ns, source, estimated).
         self._frames: dict[int, tuple[int, Source, bool]] = {}
         self._pending_reset = self.ssrc is not None
@@ -368,9 +367,9 @@ class TrackMapping:
         ext = self._unwrap.unwrap(rtp_ts)
         # Only a timestamp newer than any seen starts a frame: a reordered or retransmitted
         # packet of an older frame must neither repeat its record nor lend it a late arrival.
-        first = self._frame_ext is None or ext > self._frame_ext
+        newest = next(reversed(self._frames), None)
+        first = newest is None or ext > newest
         if first:
-            self._frame_ext = ext
             self._arrivals.append((ext, arrival_ns - self._ticks_ns(ext)))
         exact: int | None = None
         if abs_capture is None and self.relayed:

@@ -157,9 +157,8 @@ export class FrameCues {
   browserAgrees(vtt, shouldBeActive) {
     const listed = this.track.activeCues;
     if (listed === undefined || listed === null) return true;
-    let found = false;
-    for (const c of listed) if (c === vtt) found = true;
-    return found === shouldBeActive;
+    for (const c of listed) if (c === vtt) return shouldBeActive;
+    return !shouldBeActive;
   }
 
   // The cues of `cues` the track has active now.
