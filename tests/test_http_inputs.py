@@ -538,6 +538,21 @@ async def test_edge_missing_static_file(live: Live) -> None:
         assert resp.status == 404 and resp.content_type == "application/json"
 
 
+@pytest.mark.parametrize("kind", ["whip", "whep"])
+async def test_edge_ice_ufrag_with_a_control_character_is_400(live: Live, kind: str) -> None:
+    """The offer's ufrag names the ICE session in the answer's ETag; a control character in it
+    made aiohttp drop the connection while writing the headers, with no answer at all."""
+    offer = re.sub(r"^a=ice-ufrag:(.*)$", "a=ice-ufrag:\\1\x01", live.offers[kind],
+                   flags=re.MULTILINE)
+    assert "\x01" in offer
+    async with live.client.post(
+        f"/{kind}/live", data=offer.encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/sdp"},
+    ) as resp:
+        assert resp.status == 400 and resp.content_type == "application/json"
+        assert "ice-char" in (await resp.json())["error"]
+
+
 async def test_clock_websocket_deep_json_closes_with_1007(live: Live) -> None:
     """Nesting deep enough to exhaust recursion, small enough for the 4096-byte frame limit:
     the socket is closed with 1007 and a reason, not torn by an exception."""

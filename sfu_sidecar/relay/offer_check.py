@@ -45,8 +45,10 @@ MAX_LINE_CHARS = 4096
 # per-kind check with a better reason, anything beyond this is refused here.
 MAX_MEDIA_SECTIONS = 16
 MAX_MID_CHARS = 64
-# RFC 8839 5.4: ice-ufrag is 4-256 ice-chars and ice-pwd 22-256; only the bound is enforced,
-# so a peer with short credentials still connects.
+# RFC 8839 5.4: ice-ufrag is 4-256 ice-chars and ice-pwd 22-256; only the upper bound is
+# enforced, so a peer with short credentials still connects. The characters are enforced: the
+# ufrag names the ICE session in the answer's ETag header, where a control character would be a
+# header injection.
 MAX_ICE_CHARS = 256
 
 KINDS = ("audio", "video", "application")
@@ -71,6 +73,7 @@ _EXTMAP = re.compile(r"([0-9]{1,3})(?:/(?:sendrecv|sendonly|recvonly|inactive))?
 _SSRC = re.compile(r"([0-9]{1,10}) ([^:\s]+)(?::.*)?")
 _FINGERPRINT = re.compile(r"(\S+) ((?:[0-9A-Fa-f]{2})(?::[0-9A-Fa-f]{2})*)")
 _MID = re.compile(r"\S+")
+_ICE_CHARS = re.compile(r"[A-Za-z0-9+/]+")
 _CONNECTION = re.compile(r"IN IP[46] [^ ]+")
 _CANDIDATE = re.compile(r"\S{1,32} [0-9]{1,3} \S+ [0-9]{1,10} \S+ [0-9]{1,5} typ \S+((?: \S+)*)")
 
@@ -198,8 +201,10 @@ def _check_section(section: _Section, session: _Section) -> str:
     if len(mid) > MAX_MID_CHARS:
         raise BadInput(f"{section.where()}: a=mid is over {MAX_MID_CHARS} characters")
     for name in ("ice-ufrag", "ice-pwd"):
-        if len(_one(section, session, name)) > MAX_ICE_CHARS:
+        value = _one(section, session, name)
+        if len(value) > MAX_ICE_CHARS:
             raise BadInput(f"{section.where()}: a={name} is over {MAX_ICE_CHARS} characters")
+        check_ice_chars(section.where(), name, value)
     setup = _one(section, session, "setup")
     if setup not in SETUP_VALUES:
         raise BadInput(f"{section.where()}: a=setup:{setup[:20]} is not one of "
@@ -208,6 +213,13 @@ def _check_section(section: _Section, session: _Section) -> str:
     if section.kind != "application":
         _check_rtp(section)
     return mid
+
+
+def check_ice_chars(where: str, name: str, value: str) -> None:
+    """BadInput unless an ICE ufrag or password is made of RFC 8839 ice-chars only."""
+    if _ICE_CHARS.fullmatch(value) is None:
+        raise BadInput(f"{where}: a={name} may hold only letters, digits, '+' and '/' "
+                       "(RFC 8839 ice-char)")
 
 
 def _check_fingerprints(section: _Section, session: _Section) -> None:

@@ -11,6 +11,7 @@ from aiortc import RTCIceCandidate
 from aiortc import sdp as aiosdp
 
 from sfu_sidecar.exceptions import BadInput, NotAcceptable, Unprocessable
+from sfu_sidecar.relay.offer_check import check_ice_chars
 
 # The codecs the relay forwards; anything else would need transcoding, which it never does.
 FORWARDABLE: dict[str, tuple[str, ...]] = {"audio": ("opus",), "video": ("vp8", "vp9", "h264")}
@@ -87,6 +88,11 @@ def parse(text: str, *, what: str) -> Description:
     for index, m in enumerate(parsed.media):
         if m.ice is not None:
             ufrag, pwd = m.ice.usernameFragment, m.ice.password
+            # Checked again on the values aiortc parsed (it keeps what a stripped line loses):
+            # the ufrag is echoed in the answer's ETag header.
+            for name, value in (("ice-ufrag", ufrag), ("ice-pwd", pwd)):
+                if value:
+                    check_ice_chars(f"{what} m-line {index}", name, value)
         if m.kind == "application":
             has_application = True
             continue

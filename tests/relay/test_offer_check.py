@@ -197,6 +197,10 @@ CASES: list[tuple[str, Callable[[str], str], str]] = [
     ("no ice-ufrag", lambda s: edit(s, r"^a=ice-ufrag:.*\n", ""), "no a=ice-ufrag"),
     ("ice-pwd too long", lambda s: edit(s, r"^a=ice-pwd:.*$", "a=ice-pwd:" + "p" * 300),
      "a=ice-pwd is over"),
+    # The ufrag is echoed in the answer's ETag: a control character there broke the response.
+    ("ice-ufrag with a control character",
+     lambda s: edit(s, r"^a=ice-ufrag:(.*)$", "a=ice-ufrag:\\1\x01x"), "ice-char"),
+    ("ice-pwd with a space", lambda s: edit(s, r"^a=ice-pwd:(.*)$", r"a=ice-pwd:\1 x"), "ice-char"),
     ("not SDP at all", lambda s: "hello", "start with v=0"),
     ("empty", lambda s: "", "start with v=0"),
     ("version 1", lambda s: edit(s, r"^v=0$", "v=1"), "start with v=0"),

@@ -89,6 +89,15 @@ def test_check_offer_refusals() -> None:
         sdp.parse(OFFER.replace("a=ice-ufrag:abcd\r\n", ""), what="offer")
 
 
+@pytest.mark.parametrize("tail", ["\t", "\x1f", "\xa0", "-x", "\x01"])
+def test_ice_credentials_outside_ice_chars_are_refused(tail: str) -> None:
+    """What aiortc parsed is checked, whitespace a stripped line would lose included: the ufrag
+    goes into the answer's ETag header."""
+    for line in ("a=ice-ufrag:abcd", "a=ice-pwd:0123456789012345678901"):
+        with pytest.raises(BadInput, match="ice-char"):
+            sdp.parse(OFFER.replace(line, line + tail), what="offer")
+
+
 def test_mdns_candidates_are_dropped() -> None:
     text, dropped = sdp.strip_mdns_candidates(OFFER)
     assert dropped == 1
