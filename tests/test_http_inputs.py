@@ -553,6 +553,22 @@ async def test_edge_ice_ufrag_with_a_control_character_is_400(live: Live, kind: 
         assert "ice-char" in (await resp.json())["error"]
 
 
+async def test_edge_direction_with_trailing_whitespace_is_negotiated(live: Live) -> None:
+    """The offer is checked line by line, stripped; aiortc must read the same lines, or a
+    direction with a trailing tab reaches createAnswer as no direction (it answered 500)."""
+    offer = re.sub(r"^a=(sendonly)$", "a=\\1\t", live.offers["whip"], flags=re.MULTILINE)
+    assert "sendonly\t" in offer
+    async with live.client.post(
+        "/whip/padded", data=offer.encode(),
+        headers={"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/sdp"},
+    ) as resp:
+        assert resp.status == 201, await resp.text()
+        assert "a=recvonly" in await resp.text()
+        location = resp.headers["Location"]
+    async with live.client.delete(location, headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+        assert resp.status < 300
+
+
 async def test_clock_websocket_deep_json_closes_with_1007(live: Live) -> None:
     """Nesting deep enough to exhaust recursion, small enough for the 4096-byte frame limit:
     the socket is closed with 1007 and a reason, not torn by an exception."""

@@ -94,10 +94,15 @@ class _Section:
         return f"m-line {self.index} ({self.kind})"
 
 
-def validate_offer(text: str, max_lines: int = MAX_LINES) -> None:
-    """Raise :class:`BadInput` with a reason unless ``text`` is an offer aiortc can take.
+def validate_offer(text: str, max_lines: int = MAX_LINES) -> str:
+    """Raise :class:`BadInput` with a reason unless ``text`` is an offer aiortc can take; return
+    the offer as checked, which is what must be handed on.
 
-    ``max_lines`` is the service's ``max_sdp_lines`` setting.
+    The lines are checked stripped of surrounding whitespace, which aiortc keeps: to it
+    ``a=sendonly`` with a trailing tab is an unknown attribute, leaving the section without a
+    direction. So the offer returned is the checked lines, stripped, blank ones dropped, joined
+    with CRLF: aiortc reads exactly what passed here. ``max_lines`` is the service's
+    ``max_sdp_lines`` setting.
     """
     lines = text.splitlines()
     if len(lines) > max_lines:
@@ -106,12 +111,14 @@ def validate_offer(text: str, max_lines: int = MAX_LINES) -> None:
     session = _Section(-1)
     sections: list[_Section] = []
     seen_version = False
+    checked: list[str] = []
     for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         if len(line) > MAX_LINE_CHARS:
             raise BadInput(f"offer line {number} is over {MAX_LINE_CHARS} characters")
         if not line:
             continue
+        checked.append(line)
         if not seen_version:
             if line != "v=0":
                 raise BadInput("offer must start with v=0")
@@ -151,6 +158,7 @@ def validate_offer(text: str, max_lines: int = MAX_LINES) -> None:
         unknown = [item for item in items if item not in mids]
         if semantic == "BUNDLE" and unknown:
             raise BadInput(f"a=group:BUNDLE names mid {unknown[0][:20]} that no m-line has")
+    return "\r\n".join(checked) + "\r\n"
 
 
 def _check_candidate(number: int, line: str) -> None:

@@ -199,7 +199,7 @@ class RelayRoutes:
         except UnicodeDecodeError:
             raise BadInput("offer is not UTF-8 text") from None
         # Validate before touching any stream, so a bad offer takes no publisher slot.
-        validate_offer(offer, self.settings.max_sdp_lines)
+        offer = validate_offer(offer, self.settings.max_sdp_lines)
         sdpmod.check_offer(sdpmod.parse(offer, what="offer"), publishing=publishing)
         # Checked again: the body took time to arrive, and others may have joined meanwhile.
         self._check_limits(name, client, publishing)

@@ -326,8 +326,7 @@ def sdp_target(data: bytes) -> None:
     Each step accepts or refuses with a reason."""
     text = data.decode("utf-8", "replace")
     with contextlib.suppress(BadInput):
-        validate_offer(text)
-        desc = sdp.parse(text, what="offer")
+        desc = sdp.parse(validate_offer(text), what="offer")
         sdp.check_offer(desc, publishing=data[-1:] in (b"\n", b"\r"))
 
 

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from aiortc import sdp as aiosdp
 from hypothesis import HealthCheck, event, example, given, settings
 from hypothesis import strategies as st
 
@@ -68,6 +69,20 @@ def test_real_aiortc_offers_pass(offers: dict[str, str]) -> None:
     validate_offer(offers["publish"])
     validate_offer(offers["view"])
     validate_offer(offers["publish"].replace("\n", "\r\n"))
+
+
+def test_the_offer_returned_is_what_was_checked(offers: dict[str, str]) -> None:
+    """Lines are checked stripped; aiortc would read a direction with a trailing tab as an
+    unknown attribute (and fail in createAnswer), so the stripped lines are what is handed on."""
+    padded = re.sub(r"^a=(sendonly|recvonly)$", "a=\\1\t", offers["publish"], flags=re.MULTILINE)
+    padded = "\n  \n" + padded.replace("a=mid:", " a=mid:")
+    assert "\t" in padded
+    checked = validate_offer(padded)
+    assert "\t" not in checked and "\n\r\n" not in checked and " a=mid:" not in checked
+    assert checked.endswith("\r\n") and checked.startswith("v=0\r\n")
+    parsed = aiosdp.SessionDescription.parse(checked)
+    assert [m.direction for m in parsed.media if m.kind != "application"] == ["sendonly"] * 2
+    assert validate_offer(checked) == checked
 
 
 def test_a_real_chromium_offer_passes(browser: Any) -> None:
