@@ -25,8 +25,11 @@ What is checked (RFC 8866 for the syntax, RFC 8829 for what a JSEP offer always 
   transport, priority, address, port, ``typ`` and a type) with numbers where numbers belong,
   ``rport`` included;
 * BUNDLE: every mid a ``a=group:BUNDLE`` names belongs to an m-line;
-* transport: ICE credentials, ``a=setup`` and a DTLS fingerprint with a hash this server can
-  verify, in the section or at session level.
+* transport: ICE credentials (ice-chars, at most 256), ``a=setup`` and a DTLS fingerprint with
+  a hash this server can verify, in the section or at session level.
+
+Lines are read stripped of surrounding whitespace, and the offer :func:`validate_offer` returns
+is those lines: what is handed on to aiortc is exactly what was checked.
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ MAX_MEDIA_SECTIONS = 16
 MAX_MID_CHARS = 64
 # RFC 8839 5.4: ice-ufrag is 4-256 ice-chars and ice-pwd 22-256; only the upper bound is
 # enforced, so a peer with short credentials still connects. The characters are enforced: the
-# ufrag names the ICE session in the answer's ETag header, where a control character would be a
-# header injection.
+# ufrag names the ICE session in the answer's ETag header, which aiohttp refuses to write with a
+# control character in it, dropping the connection unanswered.
 MAX_ICE_CHARS = 256
 
 KINDS = ("audio", "video", "application")

@@ -98,6 +98,12 @@ def test_ice_credentials_outside_ice_chars_are_refused(tail: str) -> None:
             sdp.parse(OFFER.replace(line, line + tail), what="offer")
 
 
+def test_answers_from_upstream_keep_their_credentials() -> None:
+    """An upstream server's answer reaches no header: its credentials are aiortc's to judge."""
+    answer = sdp.parse(OFFER.replace("a=ice-ufrag:abcd", "a=ice-ufrag:ab-cd"), what="answer")
+    assert answer.ice_ufrag == "ab-cd"
+
+
 def test_mdns_candidates_are_dropped() -> None:
     text, dropped = sdp.strip_mdns_candidates(OFFER)
     assert dropped == 1
