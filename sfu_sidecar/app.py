@@ -36,10 +36,10 @@ from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.segments import routes as segment_routes
 from sfu_sidecar.segments.service import SegmentService
 from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.webfiles import WEB_DIR
 
 log = logs.get("app")
 
-WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 SHUTDOWN_BUDGET_S = 5.0
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -49,10 +48,10 @@ from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
 from sfu_sidecar.tasks import Tasks
+from sfu_sidecar.webfiles import WEB_DIR
 
 log = logs.get("probe")
 
-WEB_DIR = Path(__file__).resolve().parent.parent.parent / "web"
 TICK_S = 1.0
 GPU_INTERVAL_S = 2.0
 HOUSE_BASIS = "house"

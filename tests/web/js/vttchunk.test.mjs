@@ -2,7 +2,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { ChunkedCues, mapOffset, parseChunk, parseTimestamp, VttError } from "../vttchunk.js";
+import { ChunkedCues, mapOffset, parseChunk, parseTimestamp, VttError } from "../../../sfu_sidecar/web/js/vttchunk.js";
 
 const CHUNK = `WEBVTT
 X-TIMESTAMP-MAP=MPEGTS:540000,LOCAL:00:00:06.000

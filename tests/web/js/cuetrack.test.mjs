@@ -3,7 +3,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { cueSettings, FrameCues } from "../cuetrack.js";
+import { cueSettings, FrameCues } from "../../../sfu_sidecar/web/js/cuetrack.js";
 
 test("cue settings become VTTCue properties as WebVTT parses them", () => {
   assert.deepEqual(cueSettings(""), {});

@@ -4,7 +4,7 @@ import assert from "node:assert/strict";
 
 import {
   added, DriftGuard, driftOf, DRIFT_S, playheadFix, PlayerStats, seekTarget, SegmentPlan, trimRange,
-} from "../msemodel.js";
+} from "../../../sfu_sidecar/web/js/msemodel.js";
 
 function seg(sequence, start, { duration = 1, discontinuity = false, init = 1 } = {}) {
   const number = Math.floor(start * 1000);

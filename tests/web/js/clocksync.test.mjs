@@ -4,8 +4,8 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
-import { ClockJoin, ClockSyncError, browserNowNs, parseResponse, request, sampleOf } from "../clocksync.js";
-import { decode, encode } from "../msgpack.js";
+import { ClockJoin, ClockSyncError, browserNowNs, parseResponse, request, sampleOf } from "../../../sfu_sidecar/web/js/clocksync.js";
+import { decode, encode } from "../../../sfu_sidecar/web/js/msgpack.js";
 
 // Epoch values in these vectors are multiples of 512 ns, so JSON numbers carry them exactly.
 const V = JSON.parse(readFileSync(fileURLToPath(new URL("../../../proto/vectors/clock_exchange.json",

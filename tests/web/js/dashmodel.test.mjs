@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import {
   alertText, binLabels, DashboardModel, formatBitrate, formatBytes, grade, GPU_PLOT,
   SeriesTable, STREAM_PLOTS, streamRow,
-} from "../dashmodel.js";
+} from "../../../sfu_sidecar/web/js/dashmodel.js";
 
 const RULES = [
   { alert: "frame_jitter", high: 112, low: null },

@@ -1,7 +1,7 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { CueBook } from "../captions.js";
+import { CueBook } from "../../../sfu_sidecar/web/js/captions.js";
 
 const epoch = 1_700_000_000_000_000_000n;
 

@@ -5,7 +5,7 @@ import { test } from "node:test";
 import {
   BitrateMeter, cueBody, durationNs, formatBitrate, InputError, preferredCodecs, sentCodecs,
   serverReason,
-} from "../publishcore.js";
+} from "../../../sfu_sidecar/web/js/publishcore.js";
 
 // What Chromium lists in RTCRtpSender.getCapabilities("video").codecs (abridged, in its order).
 const CAPS = [

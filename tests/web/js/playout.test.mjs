@@ -2,8 +2,8 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 
-import { median, PlayoutMeter } from "../playout.js";
-import { parseMessage, serializeMessage, SyncState } from "../syncwire.js";
+import { median, PlayoutMeter } from "../../../sfu_sidecar/web/js/playout.js";
+import { parseMessage, serializeMessage, SyncState } from "../../../sfu_sidecar/web/js/syncwire.js";
 
 const hex = (bytes) => Buffer.from(bytes).toString("hex");
 

@@ -6,8 +6,8 @@ import { fileURLToPath } from "node:url";
 
 import {
   SyncState, SyncWireError, anchorCaptureOf, frameCaptureNs, frameRtpTs, parseMessage, serializeMessage,
-} from "../syncwire.js";
-import { decode, encode } from "../msgpack.js";
+} from "../../../sfu_sidecar/web/js/syncwire.js";
+import { decode, encode } from "../../../sfu_sidecar/web/js/msgpack.js";
 
 const VECTORS = new URL("../../../proto/vectors/", import.meta.url);
 const load = (name) => JSON.parse(readFileSync(fileURLToPath(new URL(name, VECTORS)), "utf8")).vectors;

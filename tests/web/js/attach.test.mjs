@@ -4,8 +4,8 @@ import { test } from "node:test";
 
 import {
   absCaptureNs, absMissingReason, CaptureLog, GUARD_S, NTP_EPOCH_UNIX_MS, placeCue, rtpDiff,
-} from "../attach.js";
-import { ABS_CAPTURE_TIME } from "../whep.js";
+} from "../../../sfu_sidecar/web/js/attach.js";
+import { ABS_CAPTURE_TIME } from "../../../sfu_sidecar/web/js/whep.js";
 
 const base = 1_796_082_985_790_293_848n; // house ns of frame 0
 const captureOf = (i) => base + BigInt(Math.round((i * 1e9) / 30));

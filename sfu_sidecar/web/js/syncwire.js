@@ -1,6 +1,6 @@
 // Codec for the `sync` DataChannel (spec: proto/sync.md), the browser twin of
 // sfu_sidecar/sync/wire.py. Pure: bytes in, plain objects out, and back; tested with
-// `node --test web/js/tests/` against the same proto/vectors as the Python codec.
+// `node --test tests/web/js/` against the same proto/vectors as the Python codec.
 //
 // Objects use the spec's snake_case field names. 64-bit quantities (capture_ns and every
 // integer field of a control map) are BigInt; everything else is a Number.
