@@ -1,5 +1,20 @@
 # sfu-sidecar: the service alone. Every setting is an SFU_SIDECAR_* environment variable
 # (README, Configuration); the ones set here suit a container and can be overridden at run time.
+
+# Builder: the wheel of this checkout, built the ordinary way (pip runs the build backend the
+# pyproject names, in an isolated environment). The web client (sfu_sidecar/web) is package data,
+# so the wheel carries it; nothing is copied into site-packages by hand.
+FROM python:3.11-slim-bookworm AS builder
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY sfu_sidecar ./sfu_sidecar
+RUN pip wheel --no-deps --wheel-dir /wheels .
+
+# The image: that wheel installed with its dependencies, and no source tree or build tools.
 FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -7,17 +22,11 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY sfu_sidecar ./sfu_sidecar
-COPY web ./web
+COPY --from=builder /wheels /tmp/wheels
 # With the redis extra, so SFU_SIDECAR_REDIS_URL works in the image (several nodes, one Redis).
-RUN pip install ".[redis]" \
-    # The viewer page and dashboard are served from a web/ folder beside the package; a
-    # non-editable install leaves it behind, so put it where the installed package looks
-    # (python -I: the installed package, not the source tree in this folder).
-    && cp -r web "$(python -I -c 'from sfu_sidecar.app import WEB_DIR; print(WEB_DIR)')" \
-    && rm -rf /src
+RUN wheel="$(echo /tmp/wheels/sfu_sidecar-*-py3-none-any.whl)" \
+    && pip install "${wheel}[redis]" \
+    && rm -rf /tmp/wheels
 
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin sidecar \
     && mkdir /data && chown sidecar:sidecar /data

@@ -3,8 +3,9 @@
 docker-compose.yml against the Compose Specification schema (vendored in deploy/compose-spec/),
 every SFU_SIDECAR_* variable the compose file and the Dockerfile set through the real settings
 loader, the ports and volume the compose file maps against the Dockerfile's EXPOSE and VOLUME and
-the settings they produce, the Dockerfile's health check and user, and the Janus and ptp4l
-configurations run for real with the Debian programs the images install.
+the settings they produce, the Dockerfile's health check and user, how it installs the package
+(its own wheel, no folder copied by hand), and the Janus and ptp4l configurations run for real
+with the Debian programs the images install.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,17 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
         out.append((word.upper(), rest.strip()))
     assert not pending, f"{path}: ends inside a continuation"
     return out
+
+
+def dockerfile_stages(path: Path) -> list[list[tuple[str, str]]]:
+    """The instructions of each build stage in order, each list starting with its FROM."""
+    stages: list[list[tuple[str, str]]] = []
+    for word, rest in dockerfile_instructions(path):
+        if word == "FROM":
+            stages.append([])
+        assert stages, f"{path}: {word} before the first FROM"
+        stages[-1].append((word, rest))
+    return stages
 
 
 def dockerfile_env(instructions: list[tuple[str, str]]) -> dict[str, str]:
@@ -165,7 +178,7 @@ def test_compose_file_refuses_to_start_without_the_public_address_and_turn_passw
 def _sidecar_settings_env(env: dict[str, str]) -> dict[str, str]:
     """What the sidecar's process sees: the Dockerfile's ENV, then the compose environment."""
     document = compose_document(env)
-    merged = dockerfile_env(dockerfile_instructions(DOCKERFILE))
+    merged = dockerfile_env(dockerfile_stages(DOCKERFILE)[-1])
     merged.update({k: str(v) for k, v in document["services"]["sidecar"]["environment"].items()})
     return merged
 
@@ -235,26 +248,58 @@ def test_other_services_publish_what_their_images_use() -> None:
 
 
 def test_dockerfile_runs_the_installed_package_as_a_user_with_a_health_check() -> None:
-    instructions = dockerfile_instructions(DOCKERFILE)
-    words = [w for w, _ in instructions]
-    base = dict(instructions)["FROM"]
+    *builders, final = dockerfile_stages(DOCKERFILE)
+    words = [w for w, _ in final]
+    base = final[0][1]
     assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
-    # The package with its Redis extra (a node that shares captions through redis_url).
-    assert any(w == "RUN" and "pip install \".[redis]\"" in a for w, a in instructions)
-    users = [a for w, a in instructions if w == "USER"]
+    # The package goes in the ordinary way: a builder stage makes the checkout's wheel, the image
+    # installs it with its Redis extra (a node that shares captions through redis_url).
+    assert [b[0][1] for b in builders] == [f"{base} AS builder"]
+    builder = builders[0]
+    assert any(w == "RUN" and re.search(r"\bpip wheel\b.*--no-deps.* \.$", a)
+               for w, a in builder)
+    assert [a for w, a in final if w == "COPY"] == ["--from=builder /wheels /tmp/wheels"]
+    installs = [a for w, a in final if w == "RUN" and "pip install" in a]
+    assert len(installs) == 1, installs
+    assert "/tmp/wheels/sfu_sidecar-*-py3-none-any.whl" in installs[0]
+    assert 'pip install "${wheel}[redis]"' in installs[0]
+    users = [a for w, a in final if w == "USER"]
     assert users and users[-1] not in ("root", "0") and not users[-1].startswith(("root:", "0:"))
     # Nothing runs as root after the switch, so the final image's user is this one.
     assert "RUN" not in words[words.index("USER"):]
-    health = [a for w, a in instructions if w == "HEALTHCHECK"]
+    health = [a for w, a in final if w == "HEALTHCHECK"]
     assert len(health) == 1 and "/healthz" in health[0] and "SFU_SIDECAR_PORT" in health[0]
-    entry = json.loads(dict(instructions)["ENTRYPOINT"]) + json.loads(dict(instructions)["CMD"])
+    entry = json.loads(dict(final)["ENTRYPOINT"]) + json.loads(dict(final)["CMD"])
     assert entry == ["sfu-sidecar", "serve"]
-    # The build context holds what the image copies, and nothing of the developer's tree.
-    ignore = (ROOT / ".dockerignore").read_text().split()
+
+
+def test_dockerfile_copies_only_the_package_and_no_folder_by_hand() -> None:
+    """The web client is package data (sfu_sidecar/web), so the wheel carries it: no stage copies
+    a folder of its own into the image or into site-packages."""
+    instructions = dockerfile_instructions(DOCKERFILE)
+    # The build context holds what the builder copies, and nothing of the developer's tree.
+    ignore = (ROOT / ".dockerignore").read_text().split("\n")
+    ignore = [line.strip() for line in ignore if line.strip() and not line.startswith("#")]
     assert ignore[ignore.index("*") + 1:] == [
-        "!pyproject.toml", "!README.md", "!sfu_sidecar/", "!web/", "**/__pycache__"]
-    copied = {a.split()[0] for w, a in instructions if w == "COPY"}
-    assert copied <= {"pyproject.toml", "sfu_sidecar", "web"}
+        "!pyproject.toml", "!README.md", "!sfu_sidecar/", "**/__pycache__"]
+    from_context = [shlex.split(a) for w, a in instructions
+                    if w in ("COPY", "ADD") and not a.startswith("--from=")]
+    assert sorted(src for *sources, _ in from_context for src in sources) == [
+        "README.md", "pyproject.toml", "sfu_sidecar"]
+    assert all(w != "ADD" for w, _ in instructions)
+    for word, args in instructions:
+        if word == "RUN":
+            assert not re.search(r"\b(cp|mv|install -[dD]|rsync|tar)\b|site-packages|WEB_DIR",
+                                 args), f"RUN places files by hand: {args}"
+    # The package data it relies on: every file of the web client is declared to setuptools.
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())[
+        "tool"]["setuptools"]["package-data"]["sfu_sidecar"]
+    package = ROOT / "sfu_sidecar"
+    web = [f for f in (package / "web").rglob("*") if f.is_file() and "__pycache__" not in f.parts]
+    assert (package / "web" / "index.html") in web
+    for f in web:
+        rel = f.relative_to(package)
+        assert any(rel.match(pattern) for pattern in data), f"{rel} is not package data"
 
 
 def test_health_check_command_passes_against_the_real_service(server_factory: Any) -> None:
