@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib.metadata import version
 
 import pytest
 
@@ -32,4 +33,5 @@ def test_python_dash_m_runs_the_cli() -> None:
         [sys.executable, "-m", "sfu_sidecar", "--version"], capture_output=True, text=True,
         check=True,
     )
-    assert out.stdout.startswith("sfu-sidecar ")
+    # --version says the installed distribution's version, the one /healthz reports.
+    assert out.stdout == f"sfu-sidecar {version('sfu-sidecar')}\n"
