@@ -3,8 +3,9 @@ import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  BitrateMeter, cueBody, durationNs, formatBitrate, InputError, preferredCodecs, sentCodecs,
-  serverReason,
+  audioConstraints, Backoff, BitrateMeter, captureErrorMessage, cueBody, deviceChoices, durationNs,
+  formatBitrate, InputError, levelFromSamples, linkHealth, preferredCodecs, RESOLUTIONS, Republisher,
+  sentCodecs, serverReason, videoConstraints, whipFailure, withMaxBitrate,
 } from "../../../sfu_sidecar/web/js/publishcore.js";
 
 // What Chromium lists in RTCRtpSender.getCapabilities("video").codecs (abridged, in its order).
@@ -109,4 +110,214 @@ test("the server's reason is its JSON error, or its text", () => {
   assert.equal(serverReason(401, '{"error": "wrong token for publishing"}'), "401: wrong token for publishing");
   assert.equal(serverReason(502, "Bad Gateway"), "502: Bad Gateway");
   assert.equal(serverReason(500, ""), "HTTP 500");
+});
+
+// --- Capture choices, failures in words, staying on air ------------------------------------
+
+test("resolutions become ideal getUserMedia sizes, with the chosen camera exact", () => {
+  assert.deepEqual(videoConstraints("720p", "cam-2"), {
+    width: { ideal: 1280 }, height: { ideal: 720 }, frameRate: { ideal: 30 }, deviceId: { exact: "cam-2" },
+  });
+  assert.equal(videoConstraints("360p", "").deviceId, undefined);
+  assert.equal(videoConstraints("1080p").height.ideal, 1080);
+  assert.deepEqual(Object.keys(RESOLUTIONS), ["360p", "540p", "720p", "1080p"]);
+  assert.throws(() => videoConstraints("4k"), InputError);
+  assert.equal(audioConstraints(""), true);
+  assert.deepEqual(audioConstraints("mic-1"), { deviceId: { exact: "mic-1" } });
+});
+
+test("device choices: one option per device of the kind, labelled before permission too", () => {
+  const devices = [
+    { kind: "videoinput", deviceId: "a", label: "" },
+    { kind: "audioinput", deviceId: "m", label: "Fake Audio Input 1" },
+    { kind: "videoinput", deviceId: "b", label: "" },
+    { kind: "audiooutput", deviceId: "o", label: "speaker" },
+    { kind: "videoinput", deviceId: "a", label: "" }, // listed twice: once
+  ];
+  assert.deepEqual(deviceChoices(devices, "videoinput", "b"), {
+    options: [{ value: "a", label: "camera 1" }, { value: "b", label: "camera 2" }], selected: "b",
+  });
+  // A device that went away is not kept selected: the first one is.
+  assert.equal(deviceChoices(devices, "videoinput", "gone").selected, "a");
+  assert.deepEqual(deviceChoices(devices, "audioinput", null).options, [{ value: "m", label: "Fake Audio Input 1" }]);
+  assert.deepEqual(deviceChoices([], "audioinput", "x"), { options: [], selected: "" });
+});
+
+test("the level meter reads RMS on a -60..0 dBFS scale", () => {
+  assert.equal(levelFromSamples(new Float32Array(512)), 0);
+  assert.equal(levelFromSamples([]), 0);
+  assert.equal(levelFromSamples(new Float32Array(512).fill(1)), 1);
+  assert.ok(Math.abs(levelFromSamples(new Float32Array(512).fill(0.001))) < 1e-6); // -60 dBFS
+  assert.ok(Math.abs(levelFromSamples(new Float32Array(512).fill(-0.1)) - 2 / 3) < 1e-6); // -20 dBFS
+  const sine = Float32Array.from({ length: 480 }, (_, i) => 0.5 * Math.sin((2 * Math.PI * i) / 48));
+  const db = 20 * Math.log10(0.5 / Math.SQRT2);
+  assert.ok(Math.abs(levelFromSamples(sine) - (db + 60) / 60) < 1e-6);
+});
+
+test("the bitrate ceiling goes on the first encoding and comes off again", () => {
+  const params = { transactionId: "t1", encodings: [{ active: true }], codecs: [] };
+  const capped = withMaxBitrate(params, 500_000);
+  assert.deepEqual(capped, { transactionId: "t1", encodings: [{ active: true, maxBitrate: 500_000 }], codecs: [] });
+  assert.deepEqual(params.encodings[0], { active: true }, "the sender's own object is left alone");
+  assert.deepEqual(withMaxBitrate(capped, null).encodings, [{ active: true }]);
+  assert.deepEqual(withMaxBitrate({ encodings: [] }, 250_000).encodings, [{ maxBitrate: 250_000 }]);
+  assert.throws(() => withMaxBitrate(params, -5), InputError);
+});
+
+test("capture refusals are named for what the broadcaster can do", () => {
+  const err = (name, extra = {}) => Object.assign(new Error("browser words"), { name, ...extra });
+  assert.match(captureErrorMessage(err("NotAllowedError")), /^permission to use the camera or microphone was denied/);
+  assert.match(captureErrorMessage(err("NotAllowedError"), "screen"), /^screen sharing was not allowed/);
+  assert.match(captureErrorMessage(err("NotFoundError")), /^no camera or microphone was found/);
+  assert.match(captureErrorMessage(err("NotFoundError"), "microphone"), /^no microphone was found/);
+  assert.match(captureErrorMessage(err("NotReadableError"), "video"), /^the camera is busy/);
+  assert.match(captureErrorMessage(err("OverconstrainedError", { constraint: "width" }), "video"),
+    /choose a lower resolution/);
+  assert.match(captureErrorMessage(err("OverconstrainedError", { constraint: "deviceId" })), /no longer there/);
+  assert.match(captureErrorMessage(err("TypeError")), /not available: browser words/);
+});
+
+test("WHIP refusals: token and offer refusals are final, the rest is tried again", () => {
+  assert.deepEqual(whipFailure(401, "401: wrong token for publishing"),
+    { message: "publish token refused (401: wrong token for publishing)", retry: false });
+  assert.equal(whipFailure(403, "403: x").retry, false);
+  for (const status of [400, 415, 422]) {
+    const f = whipFailure(status, `${status}: offer has no codec the relay forwards (AV1)`);
+    assert.equal(f.retry, false);
+    assert.match(f.message, /^the relay refused this offer \(\d{3}: .*\(AV1\)\)$/);
+  }
+  for (const status of [null, 409, 429, 500, 502, 503]) {
+    assert.equal(whipFailure(status, "x").retry, true, String(status));
+  }
+  assert.match(whipFailure(null, "Failed to fetch").message, /could not be reached \(Failed to fetch\)/);
+  assert.equal(whipFailure(404, "404: no").retry, false);
+  assert.equal(whipFailure(418, "418: teapot").retry, false);
+});
+
+test("backoff doubles from half a second to its ceiling, and starts over on reset", () => {
+  const b = new Backoff();
+  assert.deepEqual([b.next(), b.next(), b.next(), b.next(), b.next()], [500, 1000, 2000, 4000, 4000]);
+  b.reset();
+  assert.equal(b.next(), 500);
+});
+
+test("link health: failed or a closed DTLS is lost, disconnected is unsteady", () => {
+  assert.equal(linkHealth({ connection: "connected", ice: "connected", dtls: "connected" }), "up");
+  assert.equal(linkHealth({ connection: "connecting", ice: "checking", dtls: "new" }), "pending");
+  assert.equal(linkHealth({ connection: "disconnected", ice: "disconnected", dtls: "connected" }), "unsteady");
+  assert.equal(linkHealth({ connection: "failed", ice: "failed" }), "lost");
+  // The relay ending the session closes its DTLS before ICE notices anything.
+  assert.equal(linkHealth({ connection: "connected", ice: "connected", dtls: "closed" }), "lost");
+});
+
+// A fake WHIP session for the Republisher: the test fires its link events.
+class FakeSession {
+  constructor(id) {
+    this.id = id;
+    this.closed = 0;
+    this.handlers = null;
+  }
+
+  watch(handlers) {
+    this.handlers = handlers;
+    return () => { this.handlers = null; };
+  }
+
+  async close() {
+    this.closed += 1;
+    return 200;
+  }
+}
+
+const tick = () => new Promise((resolve) => setImmediate(resolve));
+
+function harness(outcomes) {
+  const log = [];
+  const sessions = [];
+  const sleeps = [];
+  const r = new Republisher({
+    connect: async (attempt) => {
+      log.push(`connect ${attempt}`);
+      const next = outcomes.shift();
+      if (next instanceof Error) throw next;
+      const s = new FakeSession(attempt);
+      sessions.push(s);
+      return s;
+    },
+    classify: (err) => whipFailure(err.status ?? null, err.message),
+    sleep: async (ms) => { sleeps.push(ms); },
+    onState: (state, detail) => log.push(detail?.reason ? `${state}: ${detail.reason}` : state),
+  });
+  return { r, log, sessions, sleeps };
+}
+
+const httpError = (status, message) => Object.assign(new Error(message), { status });
+
+test("a dropped session is closed and the stream published again, backoff reset once on air", async () => {
+  const { r, log, sessions, sleeps } = harness(["ok", httpError(409, "409: stream has a publisher"), "ok", "ok"]);
+  const done = r.run();
+  await tick();
+  sessions[0].handlers.onConnected();
+  sessions[0].handlers.onDrop("disconnected for over 1.5 s");
+  for (let i = 0; i < 10 && sessions.length < 2; i++) await tick();
+  assert.equal(sessions[0].closed, 1, "the old resource is DELETEd before publishing again");
+  assert.equal(sessions[0].handlers, null, "and no longer watched");
+  sessions[1].handlers.onConnected();
+  assert.equal(r.connects, 2);
+  // On air again: the next drop waits the first delay again.
+  sessions[1].handlers.onDrop("the relay ended the session");
+  for (let i = 0; i < 10 && sessions.length < 3; i++) await tick();
+  assert.deepEqual(sleeps, [500, 1000, 500]);
+  r.stop();
+  assert.equal(await done, "stopped");
+  assert.equal(sessions[2].closed, 1, "stop closes the session on air");
+  const drop = "reconnecting: disconnected for over 1.5 s";
+  const busy = "reconnecting: the relay answered 409: stream has a publisher";
+  const ended = "reconnecting: the relay ended the session";
+  assert.deepEqual(log, [
+    "connecting", "connect 1", "publishing",
+    drop, drop, "connect 2", busy, busy, "connect 3", "publishing",
+    ended, ended, "connect 4",
+  ]);
+  assert.equal(log.filter((l) => l === "publishing").length, 2);
+});
+
+test("a refused token ends the loop at once, with the message, and nothing is retried", async () => {
+  const { r, log, sleeps } = harness([httpError(401, "401: wrong token for publishing")]);
+  assert.equal(await r.run(), "failed");
+  assert.deepEqual(sleeps, []);
+  assert.deepEqual(log.filter((l) => !l.startsWith("connect ")),
+    ["connecting", "failed"]);
+  assert.equal(r.running, false);
+});
+
+test("a refusal while reconnecting is final too; the network failing is not", async () => {
+  const { r, log, sessions } = harness(["ok", new TypeError("Failed to fetch"),
+    httpError(415, "415: offer refused")]);
+  const done = r.run();
+  await tick();
+  sessions[0].handlers.onDrop("the connection failed");
+  assert.equal(await done, "failed");
+  assert.ok(log.includes("reconnecting: the relay could not be reached (Failed to fetch)"), log);
+});
+
+test("stop while waiting to reconnect ends the loop without another attempt", async () => {
+  let slept = 0;
+  const sessions = [];
+  const r = new Republisher({
+    connect: async () => {
+      sessions.push(new FakeSession(sessions.length + 1));
+      return sessions.at(-1);
+    },
+    classify: () => ({ retry: true, message: "x" }),
+    sleep: () => { slept += 1; return new Promise(() => {}); }, // a wait that never ends
+  });
+  const done = r.run();
+  await tick();
+  sessions[0].handlers.onDrop("the connection failed");
+  for (let i = 0; i < 10 && slept === 0; i++) await tick();
+  r.stop();
+  assert.equal(await done, "stopped");
+  assert.equal(sessions.length, 1);
+  assert.equal(sessions[0].closed, 1);
 });
