@@ -11,6 +11,17 @@ discontinuities): across a break in the timeline, where a player closes the gap 
 time, the cues close it alike. hls.js 1.7.4, given the caption component's chunk playlist
 (fixed-length chunks with no discontinuities), showed every cue after a break late by the gap.
 
+A subtitle playlist lists every window the media playlist lists, from the first segment on, so
+a player finds the captions of the media it is about to play whatever its latency. A player
+fetches each window once, and may fetch the newest as soon as it is listed, before a captioner
+has sent every cue for it: so each window also holds the cues displayed in the ``lookback``
+(the caption chunks' grace) before its segment, back to the break its segment follows (a cue
+there would be mapped with the wrong side's timing). A cue sent up to that late comes in a
+later window, with its own times and id, which a player shows once. (Windows listed only once
+that grace had passed trailed the media playlist by it: a player that joined as a stream's
+segments started plays about a second behind the live edge, so every window was listed after
+its frames had played, and hls.js 1.7.4 fetched none, 1.5.20 each too late.)
+
 Pure: every function takes the segments, the epoch and the languages as arguments.
 
 Media time in the segments is stream time, and the caption chunks map cue time to that same
@@ -33,7 +44,6 @@ __all__ = [
     "extinf_ms",
     "master_playlist",
     "media_playlist",
-    "settled",
     "subtitle_playlist",
     "target_duration",
 ]
@@ -100,30 +110,26 @@ def media_playlist(
                      lambda s: f"{s.number}.{media_ext}")
 
 
-def settled(segments: Sequence[Segment], now_us: int, grace_us: int) -> list[Segment]:
-    """The leading ``segments`` that ended at least ``grace_us`` before stream time
-    ``now_us``: those whose caption windows late cues have had the grace to reach."""
-    out = []
-    for s in segments:
-        if s.start_us + s.duration_us + grace_us > now_us:
-            break
-        out.append(s)
-    return out
-
-
 def _stream_seconds(ms: int) -> str:
     return f"{ms // 1000}.{ms % 1000:03d}"
 
 
 def subtitle_playlist(segments: Sequence[Segment], *, stream: str, lang: str,
-                      epoch_ns: int) -> str:
+                      epoch_ns: int, lookback_us: int = 0) -> str:
     """The WebVTT subtitle playlist of ``lang`` segmented as the media playlist of
     ``segments``: each entry the caption window of its media segment's stream time, whole
-    milliseconds around it (a cue shown in two windows is one cue to a player: same id, text
-    and times)."""
+    milliseconds around it, reaching back ``lookback_us`` before it but not past the start of
+    its discontinuity (its side of a break, as far as ``segments`` show it). A cue shown in
+    two windows is one cue to a player: same id, text and times."""
+    # The start of each side of a break, as listed: the first segment of its discontinuity
+    # sequence (the window slides, so a side may begin before the first one listed).
+    side_start: dict[int, int] = {}
+    for s in segments:
+        side_start.setdefault(s.discontinuity_sequence, s.start_us)
 
     def window(s: Segment) -> str:
-        start_ms = s.start_us // 1000
+        start_us = max(s.start_us - lookback_us, side_start[s.discontinuity_sequence])
+        start_ms = start_us // 1000
         end_ms = -(-(s.start_us + s.duration_us) // 1000)
         return (f"/captions/{stream}/{lang}.vtt?start={_stream_seconds(start_ms)}"
                 f"&end={_stream_seconds(max(end_ms, start_ms + 1))}")

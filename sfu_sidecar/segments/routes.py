@@ -2,7 +2,8 @@
 
 ``GET /streams/{stream}/media/index.json``, ``.../init.webm`` and ``.../{n}.webm`` (VP8, VP9), or
 ``.../init.mp4`` and ``.../{n}.m4s`` (H.264), and for H.264 the HLS playlists
-``.../master.m3u8``, ``.../media.m3u8`` and ``.../subtitles-{lang}.m3u8``. The segment being
+``.../master.m3u8``, ``.../media.m3u8`` and ``.../subtitles-{lang}.m3u8`` (a request for one
+made before the first segment closes waits for it). The segment being
 made (the index's ``open``) is served while it is made, with chunked transfer: each part as it
 is muxed, the rest when it closes, so a player can append media a part behind the live edge
 instead of a segment. The first request for a stream starts its segmenting (see
@@ -16,6 +17,7 @@ guards these routes as it guards WHEP viewing.
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 from aiohttp import web
@@ -136,9 +138,7 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
             if not await service.changed_since(seg.stream, seg, version, patience_s):
                 return False
 
-    async def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
-        """The segmenter of an H.264 stream with a closed segment, and the stream epoch."""
-        seg = await segmenter(request)
+    def refuse_other_codecs(seg: StreamSegmenter) -> None:
         # The first keyframe fixes the codec; before it, the publisher's negotiated one tells.
         codec: str | None = seg.video_codec if seg.video is not None else None
         relay_stream = service.relay.streams.by_name.get(seg.stream)
@@ -150,12 +150,39 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
             raise NotFound(f"stream {seg.stream} has {codec.upper()} video; HLS carries "
                            "fragmented MP4 (H.264 publishers), and VP8 and VP9 streams are WebM: "
                            "read them through index.json")
+
+    async def hls_segmenter(request: web.Request) -> tuple[StreamSegmenter, int]:
+        """The segmenter of an H.264 stream with a closed segment, and the stream epoch.
+
+        A playlist the master names must be one a player can read: a live playlist with no
+        segment gives it nothing to start from (hls.js reports such a playlist as an error),
+        and a player does not retry a 404 for its master playlist (hls.js retries no 4xx). So
+        a request made before the first segment closes, as a viewer arriving with the
+        broadcast makes it (its read starts the segmenting), waits for that segment,
+        ``service.first_segment_wait_s`` at most, before a 404 with Retry-After."""
+        seg = await segmenter(request)
+        refuse_other_codecs(seg)
+
+        def ready() -> bool:
+            return (seg.init is not None and bool(seg.segments)
+                    and service.captions.epoch(seg.stream) is not None)
+
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + service.first_segment_wait_s
+        while not ready():
+            remaining = deadline - loop.time()
+            # False: the wait timed out, or the segmenter stopped (no change will come).
+            if remaining <= 0 or not await service.changed_since(
+                    seg.stream, seg, service.version(seg.stream), remaining):
+                if ready():
+                    break
+                wait_s = max(1, math.ceil(service.settings.segment_duration_s))
+                raise NotFound(f"stream {seg.stream} has no closed segment yet (waiting for a "
+                               "keyframe on the stream timeline)",
+                               headers={"Retry-After": str(wait_s)})
+        refuse_other_codecs(seg)  # the first keyframe may have named another codec
         epoch = service.captions.epoch(seg.stream)
-        if seg.init is None or not seg.segments or epoch is None:
-            wait_s = max(1, math.ceil(service.settings.segment_duration_s))
-            raise NotFound(f"stream {seg.stream} has no closed segment yet (waiting for a "
-                           "keyframe on the stream timeline)",
-                           headers={"Retry-After": str(wait_s)})
+        assert epoch is not None
         return seg, epoch
 
     def playlist(text: str) -> web.Response:
@@ -183,16 +210,10 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         lang = request.match_info["lang"]
         if lang not in service.captions.languages(seg.stream):
             raise NotFound(f"stream {seg.stream} has no captions in {lang!r}")
-        # A player fetches a WebVTT segment once: a window is listed only once the cues a
-        # captioner sends late for it had the caption chunks' grace to arrive. The playlist may
-        # lag the media playlist by that much; players align renditions by sequence number.
-        closed = hls.settled(list(seg.segments), (service.now_ns() - epoch) // 1000,
-                             CLOSE_GRACE_MS * 1000)
-        if not closed:
-            raise NotFound(f"stream {seg.stream} has no caption window past its grace yet",
-                           headers={"Retry-After": str(math.ceil(CLOSE_GRACE_MS / 1000))})
-        return playlist(hls.subtitle_playlist(closed, stream=seg.stream, lang=lang,
-                                              epoch_ns=epoch))
+        # Every window the media playlist lists, each reaching back the caption chunks' grace
+        # for cues sent late (see hls.py).
+        return playlist(hls.subtitle_playlist(list(seg.segments), stream=seg.stream, lang=lang,
+                                              epoch_ns=epoch, lookback_us=CLOSE_GRACE_MS * 1000))
 
     app.router.add_get(f"{base}/index.json", index)
     app.router.add_get(f"{base}/subtitles-{{lang:[A-Za-z0-9-]{{1,35}}}}.m3u8", subtitle_playlist)

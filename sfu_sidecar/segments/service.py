@@ -33,6 +33,10 @@ __all__ = ["SegmentService"]
 log = logs.get("segments")
 
 SWEEP_S = 1.0
+# How long an HLS playlist request made before the stream's first segment closes waits for it:
+# the first request starts the segmenting, whose first segment closes about a segment after the
+# keyframe it asks for; under hls.js's 10 s limit on a playlist's first byte.
+FIRST_SEGMENT_WAIT_S = 8.0
 Depacketizer = Vp8Depacketizer | Vp9Depacketizer | H264Depacketizer | OpusDepacketizer
 VIDEO_DEPACKETIZERS: dict[str, type[Vp8Depacketizer | Vp9Depacketizer | H264Depacketizer]] = {
     "vp8": Vp8Depacketizer, "vp9": Vp9Depacketizer, "h264": H264Depacketizer,
@@ -78,6 +82,7 @@ class SegmentService(RelayObserver):
         self.now_ns = now_ns
         self.live: dict[str, _Live] = {}
         self.sweep_s: float | None = SWEEP_S
+        self.first_segment_wait_s = FIRST_SEGMENT_WAIT_S
         self._tasks = Tasks("segments", log)
 
     async def start(self) -> None:

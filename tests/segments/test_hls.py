@@ -12,7 +12,6 @@ from sfu_sidecar.segments.hls import (
     bandwidth,
     master_playlist,
     media_playlist,
-    settled,
     subtitle_playlist,
     target_duration,
 )
@@ -79,12 +78,50 @@ def test_subtitle_playlist_is_segmented_as_the_media_with_its_discontinuity() ->
     ]
 
 
-def test_a_caption_window_is_listed_once_its_grace_has_passed() -> None:
-    ends = [s.start_us + s.duration_us for s in (A, B, C, D, E)]
-    assert settled([A, B, C, D, E], ends[2] + 3_000_000, 3_000_000) == [A, B, C]
-    assert settled([A, B, C, D, E], ends[2] + 2_999_999, 3_000_000) == [A, B]
-    assert settled([A, B, C, D, E], ends[-1] + 3_000_000, 3_000_000) == [A, B, C, D, E]
-    assert settled([A], ends[0], 3_000_000) == []
+def test_each_window_reaches_back_the_grace_but_not_across_the_break() -> None:
+    """A window also holds the cues of the grace before its segment (a cue sent that late
+    after its start comes in a later window), back to the break its segment follows and no
+    further than the first listed segment of its side: cues before the break would be mapped
+    with the timing after it."""
+    text = subtitle_playlist([A, B, C, D, E], stream="cam-1", lang="en", epoch_ns=EPOCH_NS,
+                             lookback_us=1_500_000)
+    assert [line for line in text.splitlines() if not line.startswith("#")] == [
+        "/captions/cam-1/en.vtt?start=10.000&end=11.034",  # the first listed: nothing before
+        "/captions/cam-1/en.vtt?start=10.000&end=12.068",  # back to A's start (< 1.5 s)
+        "/captions/cam-1/en.vtt?start=10.567&end=12.534",  # 12.067067 - 1.5 s
+        "/captions/cam-1/en.vtt?start=14.000&end=16.401",  # after the break: from its start
+        "/captions/cam-1/en.vtt?start=14.900&end=17.401",  # 16.4001 - 1.5 s
+    ]
+    # The media and subtitle playlists list the same segments under the same numbers.
+    media = media_playlist([A, B, C, D, E], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+    assert list(_numbered(text).values()) == list(_numbered(media).values())
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4, 5])
+def test_the_subtitle_playlist_lists_the_media_windows_from_the_first_segment(
+        count: int) -> None:
+    """From the stream's first segment on, every subtitle playlist is a valid live playlist
+    (RFC 8216 4.3.3: its header, then each segment's EXTINF and URI) of exactly the media
+    playlist's segments: a player that joins as the first segment closes finds the captions
+    of what it plays, and none of its playlists is ever missing or empty."""
+    window = [A, B, C, D, E][:count]
+    media = media_playlist(window, init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
+    text = subtitle_playlist(window, stream="cam-1", lang="en", epoch_ns=EPOCH_NS,
+                             lookback_us=3_000_000)
+    lines = text.splitlines()
+    assert lines[:5] == ["#EXTM3U", "#EXT-X-VERSION:7", f"#EXT-X-TARGETDURATION:"
+                         f"{target_duration(window)}", "#EXT-X-MEDIA-SEQUENCE:5",
+                         "#EXT-X-DISCONTINUITY-SEQUENCE:2"]
+    assert [line for line in lines if line.startswith("#")] == [
+        line for line in media.splitlines()
+        if line.startswith("#") and not line.startswith("#EXT-X-MAP")]
+    windows = [line for line in lines if not line.startswith("#")]
+    assert len(windows) == count and "#EXT-X-ENDLIST" not in lines
+    for uri, segment in zip(windows, window, strict=True):
+        start, end = (float(v) for v in re.findall(r"(?:start|end)=([0-9.]+)", uri))
+        # Each window covers its segment's stream time, whole milliseconds around it.
+        assert start * 1e6 <= segment.start_us
+        assert end * 1e6 >= segment.start_us + segment.duration_us
 
 
 def test_the_window_slides_over_the_discontinuity() -> None:

@@ -103,8 +103,13 @@ async def test_hls_playlists_wait_for_a_segment_and_refuse_vp8(
     components.relay.streams.get_or_create("s")  # no publisher: the codec is not known yet
     components.relay.streams.get_or_create("vp8").forwarder(
         "video", CodecInfo(96, "VP8", 90000, None, {}))
+    assert components.segments is not None
+    components.segments.first_segment_wait_s = 0.3
+    loop = asyncio.get_running_loop()
     for name in ("master.m3u8", "media.m3u8"):
+        started = loop.time()
         resp = await client.get(f"/streams/s/media/{name}", headers=AUTH)
+        assert loop.time() - started >= 0.3  # waited for a first segment, then gave up
         assert resp.status == 404 and resp.headers["Retry-After"] == "1", name
         assert "no closed segment yet" in (await resp.json())["error"]
         resp = await client.get(f"/streams/vp8/media/{name}", headers=AUTH)
@@ -173,10 +178,15 @@ async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
     windows = [line for line in subtitles if not line.startswith("#")]
     assert len(windows) == 4 and "#EXT-X-DISCONTINUITY" in subtitles
     assert subtitles[subtitles.index(windows[-1]) - 3] == "#EXT-X-DISCONTINUITY"
-    for url, holds_cue in zip(windows, (True, True, False, False), strict=True):
+    # A window reaches back the caption grace (the cue, 50.5-52 s, is in the window of
+    # 52000 too), but not across the break.
+    for url, holds_cue in zip(windows, (True, True, True, False), strict=True):
         resp = await client.get(url)
         assert resp.status == 200, await resp.text()
-        assert ("one" in await resp.text()) is holds_cue, url
+        body = await resp.text()
+        assert ("one" in body) is holds_cue, url
+        # A window without cues is still a WebVTT document with the timestamp map.
+        assert body.startswith("WEBVTT") and "X-TIMESTAMP-MAP=" in body, url
     resp = await client.get("/streams/avc/media/subtitles-fr.m3u8", headers=AUTH)
     assert resp.status == 404 and "fr" in (await resp.json())["error"]
     # The versioned init URL the playlist names is the init segment (the query is ignored).
@@ -215,6 +225,47 @@ async def test_hls_playlists_of_an_h264_stream_read_by_ffprobe(
     for s in listed:
         assert min(abs(t - s.start_us) for t in keyframes) <= 500, (s.start_us, keyframes)
     assert not [p for p in video if 53.0 <= float(p["pts_time"]) < 54.0]
+
+
+async def test_playlists_wait_for_the_first_segment_and_list_it_at_once(
+    app_client: tuple[Client, Components]
+) -> None:
+    """A viewer arriving with the broadcast: its request for the master playlist is the first
+    read, which starts the segmenting. The playlist requests wait for the first segment, and
+    the subtitle playlist then lists its window with the media playlist, not a grace later."""
+    client, components = app_client
+    relay, captions = components.relay, components.captions
+    assert relay is not None and captions is not None and components.segments is not None
+    relay.streams.get_or_create("avc").forwarder("video", CodecInfo(102, "h264", 90000, None, {}))
+    captions.fix_epoch("avc", components.now_ns()() - 10_000_000_000)
+    resp = await client.post("/api/streams/avc/captions", json={
+        "timebase": "stream_s", "lang": "en",
+        "cues": [{"id": "c1", "start": 0.5, "end": 0.9, "text": "first"}]})
+    assert resp.status == 200, await resp.text()
+    master = asyncio.ensure_future(client.get("/streams/avc/media/master.m3u8", headers=AUTH))
+    for _ in range(100):
+        if "avc" in components.segments.live:
+            break
+        await asyncio.sleep(0.01)
+    seg = components.segments.live["avc"].segmenter  # started by the master's request
+    pending = [master] + [
+        asyncio.ensure_future(client.get(f"/streams/avc/media/{name}", headers=AUTH))
+        for name in ("media.m3u8", "subtitles-en.m3u8")]
+    await asyncio.sleep(0.2)
+    assert not [p for p in pending if p.done()]  # waiting, not a 404
+    _push_h264(seg, _h264_frames(31, gop=15), range(31))  # the keyframe at 1 s closes one
+    assert [s.number for s in seg.segments] == [0]
+    texts = []
+    for resp in await asyncio.wait_for(asyncio.gather(*pending), 5):
+        assert resp.status == 200, await resp.text()
+        texts.append(await resp.text())
+    assert 'URI="subtitles-en.m3u8"' in texts[0]
+    media, subtitles = ([line for line in text.splitlines() if not line.startswith("#")]
+                        for text in texts[1:])
+    assert media == ["0.m4s"] and len(subtitles) == 1
+    assert subtitles[0].startswith("/captions/avc/en.vtt?start=0.000&end=1.0")
+    resp = await client.get(subtitles[0])
+    assert resp.status == 200 and "first" in await resp.text()
 
 
 async def _segmenting_h264(app_client: tuple[Client, Components]) -> tuple[Client, StreamSegmenter]:
