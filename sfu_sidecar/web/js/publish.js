@@ -1,12 +1,15 @@
-// The publisher page: camera or screen -> WHIP, connection state and outgoing bitrate, a house
-// clock join, and captions stamped with the house time of the moment they are sent.
+// The publisher page: camera (chosen camera and microphone, resolution, bitrate, a level meter)
+// or screen -> WHIP, kept on air across network drops; connection state and outgoing bitrate, a
+// house clock join, and captions stamped with the house time of the moment they are sent.
+// The network is whip.js's and ingest.js's; the decisions are publishcore.js's.
 
 import { browserNowNs, joinClock } from "./clocksync.js";
 import { postCaptions } from "./ingest.js";
 import {
-  BitrateMeter, cueBody, durationNs, formatBitrate, InputError, sentCodecs,
+  audioConstraints, BitrateMeter, captureErrorMessage, cueBody, deviceChoices, durationNs,
+  formatBitrate, InputError, levelFromSamples, Republisher, sentCodecs, videoConstraints,
 } from "./publishcore.js";
-import { publishWhip } from "./whip.js";
+import { publishWhip, whipErrorFailure } from "./whip.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(window.location.search);
@@ -14,19 +17,33 @@ $("stream").value = params.get("stream") ?? "demo";
 $("token").value = params.get("token") ?? "";
 
 const STATS_INTERVAL_MS = 1000;
+const METER_INTERVAL_MS = 100;
 const REJOIN_MS = 60_000; // as the viewer page: a browser clock drifts, the join is renewed
+// A connection disconnected this long is given up and published again (ICE may recover
+// from a shorter blip by itself); one that does not come up in CONNECT_TIMEOUT_MS neither.
+const DROP_GRACE_MS = 1500;
+const CONNECT_TIMEOUT_MS = 8000;
 
-let media = null;
-let session = null;
+let media = null; // the local tracks, kept across reconnections; ended by Stop
+let mediaSource = null; // "camera" | "screen": what `media` holds
+let session = null; // the WHIP session now on air (or connecting)
+let republisher = null;
+let running = null; // republisher.run()'s promise
 let statsTimer = null;
 let clock = null;
 let meter = new BitrateMeter();
+const level = { ctx: null, source: null, analyser: null, timer: null };
 
 // Exposed for debugging and end-to-end tests; the page's whole state, read-only to them.
 const page = {
-  state: "idle", // idle | starting | publishing | stopping | stopped | failed
+  // idle | previewing | starting | publishing | reconnecting | stopping | stopped | failed
+  state: "idle",
   connection: null, error: null, deleteStatus: null, stampsCaptureTime: null,
-  bitrate: {}, codecs: {}, bytesSent: {},
+  bitrate: {}, codecs: {}, bytesSent: {}, video: {},
+  sessionUrl: null, sessions: 0, reconnects: 0, lastDrop: null,
+  devices: { cameras: [], microphones: [] }, micLevel: 0, micLevelPeak: 0,
+  resolution: null, maxBitrate: null, appliedMaxBitrate: null,
+  trackIds: {}, sentTrackIds: {}, // the local tracks, and those the session on air sends
   clock: { state: "joining", offsetNs: null, errorNs: null, rttNs: null, error: null },
   lastCue: null, lastReply: null,
 };
@@ -36,6 +53,11 @@ function setStatus(text, kind = "") {
   const el = $("status");
   el.textContent = text;
   el.className = kind;
+}
+
+function showError(message) {
+  page.error = message;
+  setStatus(message, "error");
 }
 
 function setPublishing(on) {
@@ -71,6 +93,217 @@ async function rejoin() {
   }
 }
 
+// --- Devices ---------------------------------------------------------------------------
+
+function currentDeviceId(kind) {
+  const track = media?.getTracks().find((t) => t.kind === kind);
+  return track?.getSettings().deviceId ?? null;
+}
+
+function fillSelect(select, { options, selected }, fallback) {
+  select.replaceChildren(...(options.length ? options : [{ value: "", label: fallback }]).map((o) => {
+    const option = document.createElement("option");
+    option.value = o.value;
+    option.textContent = o.label;
+    return option;
+  }));
+  select.value = options.length ? selected : "";
+}
+
+async function refreshDevices() {
+  if (!navigator.mediaDevices?.enumerateDevices) return;
+  const devices = await navigator.mediaDevices.enumerateDevices();
+  const cameras = deviceChoices(devices, "videoinput", currentDeviceId("video") ?? $("camera").value);
+  const mics = deviceChoices(devices, "audioinput", currentDeviceId("audio") ?? $("microphone").value);
+  fillSelect($("camera"), cameras, "no camera found");
+  fillSelect($("microphone"), mics, "no microphone found");
+  page.devices = { cameras: cameras.options, microphones: mics.options };
+}
+
+// --- Microphone level ------------------------------------------------------------------
+
+function stopMeter() {
+  clearInterval(level.timer);
+  level.timer = null;
+  level.source?.disconnect();
+  level.source = null;
+  page.micLevel = 0;
+  $("mic-level").value = 0;
+  $("mic-level").textContent = "0";
+}
+
+function startMeter(track) {
+  stopMeter();
+  if (!track || typeof AudioContext !== "function") return;
+  level.ctx ??= new AudioContext();
+  level.ctx.resume().catch(() => {});
+  if (level.analyser === null) {
+    level.analyser = level.ctx.createAnalyser();
+    level.analyser.fftSize = 2048;
+  }
+  level.source = level.ctx.createMediaStreamSource(new MediaStream([track]));
+  level.source.connect(level.analyser);
+  const samples = new Float32Array(level.analyser.fftSize);
+  page.micLevelPeak = 0;
+  level.timer = setInterval(() => {
+    level.analyser.getFloatTimeDomainData(samples);
+    const value = levelFromSamples(samples);
+    page.micLevel = value;
+    page.micLevelPeak = Math.max(page.micLevelPeak, value);
+    $("mic-level").value = value;
+    $("mic-level").textContent = `${Math.round(value * 100)}%`;
+  }, METER_INTERVAL_MS);
+}
+
+// --- Capture ---------------------------------------------------------------------------
+
+function chosenSource() {
+  return document.querySelector("input[name=source]:checked").value;
+}
+
+function onTrackEnded(event) {
+  // A shared screen can be ended from the browser's own bar: that ends the publication too.
+  if (mediaSource === "screen") return stop("source ended");
+  showError(`the ${event.target.kind === "video" ? "camera" : "microphone"} stopped (unplugged?): choose another one above`);
+}
+
+function adopt(stream, source) {
+  media = stream;
+  mediaSource = source;
+  for (const track of media.getTracks()) track.addEventListener("ended", onTrackEnded);
+  $("preview").srcObject = media;
+  startMeter(media.getAudioTracks()[0]);
+  showVideoSize();
+  showTracks();
+}
+
+async function capture(source) {
+  if (source === "screen") {
+    return navigator.mediaDevices.getDisplayMedia({ video: { frameRate: 30 }, audio: true });
+  }
+  page.resolution = $("resolution").value;
+  return navigator.mediaDevices.getUserMedia({
+    video: videoConstraints(page.resolution, $("camera").value),
+    audio: audioConstraints($("microphone").value),
+  });
+}
+
+// The local tracks for `source`, asked for when there are none (or they are of the other
+// source); null after showing why they could not be had.
+let capturing = null; // the capture in progress: Preview and Start pressed together ask once
+
+function ensureMedia(source) {
+  if (media !== null && mediaSource === source) return Promise.resolve(media);
+  capturing ??= captureMedia(source).finally(() => { capturing = null; });
+  return capturing;
+}
+
+async function captureMedia(source) {
+  releaseMedia();
+  setStatus(`asking for the ${source === "screen" ? "screen" : "camera and microphone"}…`);
+  let stream;
+  try {
+    stream = await capture(source);
+  } catch (err) {
+    showError(captureErrorMessage(err, source === "screen" ? "screen" : "camera"));
+    return null;
+  }
+  adopt(stream, source);
+  // Labels are only listed once permission is given.
+  await refreshDevices().catch(() => {});
+  return media;
+}
+
+function showTracks() {
+  page.trackIds = Object.fromEntries((media?.getTracks() ?? []).map((t) => [t.kind, t.id]));
+  page.sentTrackIds = Object.fromEntries((session?.pc.getSenders() ?? []).filter((x) => x.track)
+    .map((x) => [x.track.kind, x.track.id]));
+}
+
+function releaseMedia() {
+  stopMeter();
+  if (media !== null) {
+    for (const track of media.getTracks()) {
+      track.removeEventListener("ended", onTrackEnded);
+      track.stop();
+    }
+  }
+  media = null;
+  mediaSource = null;
+  $("preview").srcObject = null;
+  $("video-size").textContent = "–";
+}
+
+function showVideoSize() {
+  const s = media?.getVideoTracks()[0]?.getSettings();
+  $("video-size").textContent = s?.width ? `${s.width}×${s.height}${s.frameRate ? ` at ${Math.round(s.frameRate)} fps` : ""}` : "–";
+}
+
+// Another camera or microphone: a new track of that kind takes the old one's place, on the
+// sender too while publishing (no renegotiation).
+async function switchDevice(kind) {
+  if (media === null || mediaSource !== "camera") return;
+  const deviceId = $(kind === "video" ? "camera" : "microphone").value;
+  const old = media.getTracks().find((t) => t.kind === kind);
+  if (old?.getSettings().deviceId === deviceId) return;
+  let track;
+  try {
+    const constraints = kind === "video"
+      ? { video: videoConstraints($("resolution").value, deviceId) }
+      : { audio: audioConstraints(deviceId) };
+    [track] = (await navigator.mediaDevices.getUserMedia(constraints)).getTracks();
+  } catch (err) {
+    showError(captureErrorMessage(err, kind === "video" ? "video" : "microphone"));
+    return;
+  }
+  try {
+    if (session !== null) await session.replaceTrack(track);
+  } catch (err) {
+    track.stop();
+    showError(`could not switch the ${kind === "video" ? "camera" : "microphone"}: ${err.message ?? err}`);
+    return;
+  }
+  if (old) {
+    old.removeEventListener("ended", onTrackEnded);
+    media.removeTrack(old);
+    old.stop();
+  }
+  track.addEventListener("ended", onTrackEnded);
+  media.addTrack(track);
+  $("preview").srcObject = media;
+  if (kind === "audio") startMeter(track);
+  else showVideoSize();
+  showTracks();
+  page.error = null;
+  if (page.state !== "publishing") setStatus(`${kind === "video" ? "camera" : "microphone"} switched`);
+}
+
+async function changeResolution() {
+  page.resolution = $("resolution").value;
+  const track = media?.getVideoTracks()[0];
+  if (!track || mediaSource !== "camera") return;
+  try {
+    await track.applyConstraints(videoConstraints(page.resolution, null));
+  } catch (err) {
+    showError(captureErrorMessage(err, "video"));
+  }
+  showVideoSize();
+}
+
+async function changeBitrate() {
+  const bps = Number($("bitrate").value) || null;
+  page.maxBitrate = bps;
+  if (session === null) return;
+  try {
+    await session.setMaxBitrate(bps);
+    page.appliedMaxBitrate = session.sender("video")?.getParameters().encodings?.[0]?.maxBitrate ?? null;
+  } catch (err) {
+    showError(`could not change the video bitrate: ${err.message ?? err}`);
+  }
+}
+
+// --- Publishing ------------------------------------------------------------------------
+
 async function sampleStats() {
   if (session === null) return;
   const reports = [...(await session.pc.getStats()).values()];
@@ -79,103 +312,144 @@ async function sampleStats() {
   page.codecs = sentCodecs(reports);
   page.bytesSent = {};
   for (const r of reports) {
-    if (r.type === "outbound-rtp") page.bytesSent[r.kind] = (page.bytesSent[r.kind] ?? 0) + r.bytesSent;
+    if (r.type !== "outbound-rtp") continue;
+    page.bytesSent[r.kind] = (page.bytesSent[r.kind] ?? 0) + r.bytesSent;
+    if (r.kind === "video") {
+      page.video = { width: r.frameWidth ?? null, height: r.frameHeight ?? null,
+        targetBitrate: r.targetBitrate ?? null, qualityLimitationReason: r.qualityLimitationReason ?? null };
+    }
   }
-  $("video-bitrate").textContent = formatBitrate(rates.video);
+  $("video-bitrate").textContent = formatBitrate(rates.video)
+    + (page.appliedMaxBitrate ? ` (at most ${formatBitrate(page.appliedMaxBitrate)})` : "");
   $("audio-bitrate").textContent = formatBitrate(rates.audio);
   $("codecs").textContent = Object.entries(page.codecs).map(([k, v]) => `${k} ${v}`).join(", ") || "–";
 }
 
-function showConnection() {
-  if (session === null) return;
-  const state = session.pc.connectionState;
-  page.connection = state;
-  $("state").textContent = state;
-  if (state === "connected") setStatus(`publishing stream "${page.stream}"`, "ok");
-  if (state === "failed") {
-    page.error = "the media connection failed (ICE or DTLS)";
-    setStatus(page.error, "error");
-    stop("failed");
-  }
+function showConnection(pc) {
+  if (session === null || session.pc !== pc) return;
+  page.connection = pc.connectionState;
+  $("state").textContent = pc.connectionState;
 }
 
-async function capture(source) {
-  if (source === "screen") {
-    return navigator.mediaDevices.getDisplayMedia({ video: { frameRate: 30 }, audio: true });
-  }
-  return navigator.mediaDevices.getUserMedia({
-    video: { width: 640, height: 360, frameRate: 30 }, audio: true,
+// One WHIP session for the Republisher: publishes the current tracks with the current
+// bitrate ceiling; its close() records the DELETE's answer.
+async function connectOnce(settings) {
+  const s = await publishWhip(`/whip/${encodeURIComponent(settings.stream)}`, media, {
+    token: settings.token, codec: settings.codec, maxBitrate: page.maxBitrate,
   });
+  session = s;
+  page.sessionUrl = s.resourceUrl;
+  page.sessions += 1;
+  page.connection = s.pc.connectionState;
+  page.appliedMaxBitrate = s.sender("video")?.getParameters().encodings?.[0]?.maxBitrate ?? null;
+  s.pc.addEventListener("connectionstatechange", () => showConnection(s.pc));
+  meter = new BitrateMeter();
+  $("sessions").textContent = `${page.sessions} (${page.reconnects})`;
+  showTracks();
+  return {
+    watch: (handlers) => s.watch({ ...handlers, graceMs: DROP_GRACE_MS, connectTimeoutMs: CONNECT_TIMEOUT_MS }),
+    close: async () => {
+      if (session === s) session = null;
+      page.deleteStatus = await s.close();
+      return page.deleteStatus;
+    },
+  };
+}
+
+function onRepublisherState(state, detail) {
+  if (state === "connecting") {
+    page.state = "starting";
+    setStatus(`publishing to /whip/${page.stream}…`);
+  } else if (state === "publishing") {
+    page.state = "publishing";
+    page.error = null;
+    page.connection = "connected";
+    $("state").textContent = "connected";
+    page.stampsCaptureTime = session?.stampsCaptureTime ?? null;
+    $("stamps").textContent = page.stampsCaptureTime
+      ? "stamped by this browser (abs-capture-time), moved to house time by the relay's estimate"
+      : "not stamped: the relay maps them from sender reports or arrival";
+    setStatus(`publishing stream "${page.stream}"` + (page.reconnects ? ` (reconnected ${page.reconnects}×)` : ""), "ok");
+  } else if (state === "reconnecting") {
+    if (page.state !== "reconnecting") {
+      page.reconnects += 1;
+      page.lastDrop = detail.reason;
+    }
+    page.state = "reconnecting";
+    $("state").textContent = "reconnecting…";
+    $("sessions").textContent = `${page.sessions} (${page.reconnects})`;
+    const wait = detail.delayMs ? `; trying again in ${(detail.delayMs / 1000).toFixed(1)} s` : "";
+    setStatus(`reconnecting… (${detail.reason ?? "connection lost"})${wait}`, "warn");
+  } else if (state === "failed") {
+    fail(detail.message);
+  }
 }
 
 async function start() {
   const stream = $("stream").value.trim();
   const token = $("token").value.trim() || undefined;
-  const source = document.querySelector("input[name=source]:checked").value;
+  const source = chosenSource();
   const codec = $("codec").value;
   Object.assign(page, { state: "starting", stream, source, codec, error: null, deleteStatus: null,
-    connection: null });
+    connection: null, sessions: 0, reconnects: 0, lastDrop: null, sessionUrl: null });
+  page.maxBitrate = Number($("bitrate").value) || null;
   setPublishing(true);
-  setStatus(`asking for the ${source === "screen" ? "screen" : "camera and microphone"}…`);
-  try {
-    media = await capture(source);
-  } catch (err) {
-    return fail(`${source === "screen" ? "screen sharing" : "camera or microphone"} not available: ${err.message ?? err}`);
+  if (await ensureMedia(source) === null) {
+    page.state = "failed";
+    $("state").textContent = "not published";
+    setPublishing(false);
+    return;
   }
-  $("preview").srcObject = media;
-  // A shared screen can be ended from the browser's own bar: that ends the publication too.
-  for (const track of media.getTracks()) track.addEventListener("ended", () => stop("source ended"));
-  setStatus(`publishing to /whip/${stream}…`);
-  try {
-    session = await publishWhip(`/whip/${encodeURIComponent(stream)}`, media, { token, codec });
-  } catch (err) {
-    return fail(err.message ?? String(err));
-  }
-  page.state = "publishing";
-  page.stampsCaptureTime = session.stampsCaptureTime;
-  $("stamps").textContent = page.stampsCaptureTime
-    ? "stamped by this browser (abs-capture-time), moved to house time by the relay's estimate"
-    : "not stamped: the relay maps them from sender reports or arrival";
-  meter = new BitrateMeter();
-  session.pc.addEventListener("connectionstatechange", showConnection);
-  showConnection();
+  const settings = { stream, token, codec };
+  republisher = new Republisher({
+    connect: () => connectOnce(settings),
+    classify: whipErrorFailure,
+    sleep: (ms) => new Promise((resolve) => setTimeout(resolve, ms)),
+    onState: onRepublisherState,
+  });
   statsTimer = setInterval(() => sampleStats().catch(() => {}), STATS_INTERVAL_MS);
+  running = republisher.run();
 }
 
+// A refusal retrying cannot fix: shown, nothing published; the preview stays, to try again.
 function fail(reason) {
   page.state = "failed";
-  page.error = reason;
-  setStatus(reason, "error");
+  showError(reason);
   $("state").textContent = "not published";
-  releaseMedia();
+  clearInterval(statsTimer);
+  statsTimer = null;
+  republisher = null;
+  running = null;
   setPublishing(false);
-}
-
-function releaseMedia() {
-  if (media !== null) for (const track of media.getTracks()) track.stop();
-  media = null;
-  $("preview").srcObject = null;
 }
 
 async function stop(why = "stopped") {
-  if (session === null) return;
-  const ending = session;
-  session = null;
+  if (republisher === null) return;
+  const ending = republisher;
+  const finished = running;
+  republisher = null;
+  running = null;
   page.state = "stopping";
   clearInterval(statsTimer);
   statsTimer = null;
-  page.deleteStatus = await ending.close();
+  ending.stop();
+  await finished; // closes the session on air: the DELETE's answer is in page.deleteStatus
   releaseMedia();
-  page.state = why === "failed" ? "failed" : "stopped";
+  page.state = "stopped";
   page.connection = "closed";
   $("state").textContent = "not published";
   for (const id of ["video-bitrate", "audio-bitrate", "codecs", "stamps"]) $(id).textContent = "–";
-  if (why !== "failed") {
-    setStatus(page.deleteStatus === 200 ? `stopped (${why}); the session was ended`
-      : `stopped (${why}); ending the session answered ${page.deleteStatus ?? "nothing"}`,
-    page.deleteStatus === 200 ? "" : "error");
-  }
+  setStatus(page.deleteStatus === 200 ? `stopped (${why}); the session was ended`
+    : `stopped (${why}); ending the session answered ${page.deleteStatus ?? "nothing"}`,
+  page.deleteStatus === 200 ? "" : "error");
   setPublishing(false);
+}
+
+async function preview() {
+  if (await ensureMedia(chosenSource()) === null) return;
+  if (page.state === "idle" || page.state === "stopped" || page.state === "failed") page.state = "previewing";
+  page.error = null;
+  setStatus("previewing: press Start to publish");
 }
 
 async function sendCaption(event) {
@@ -214,6 +488,15 @@ $("settings").addEventListener("submit", (event) => {
   start();
 });
 $("stop").addEventListener("click", () => stop());
+$("devices-form").addEventListener("submit", (event) => {
+  event.preventDefault();
+  preview();
+});
+$("camera").addEventListener("change", () => switchDevice("video"));
+$("microphone").addEventListener("change", () => switchDevice("audio"));
+$("resolution").addEventListener("change", () => changeResolution());
+$("bitrate").addEventListener("change", () => changeBitrate());
+navigator.mediaDevices?.addEventListener?.("devicechange", () => refreshDevices().catch(() => {}));
 $("stream").addEventListener("input", watchLink);
 $("caption-form").addEventListener("submit", (event) => {
   sendCaption(event).catch((err) => {
@@ -229,5 +512,13 @@ window.addEventListener("pagehide", () => {
 
 watchLink();
 setStatus("ready");
+refreshDevices().catch(() => {});
+// Where camera and microphone are allowed already, the preview (and level meter) starts at
+// once; otherwise on Preview or Start, so the browser asks when the broadcaster expects it.
+Promise.all(["camera", "microphone"].map((name) => navigator.permissions?.query({ name })))
+  .then((states) => {
+    if (states.every((s) => s?.state === "granted") && media === null && page.state === "idle") preview();
+  })
+  .catch(() => {});
 rejoin();
 setInterval(rejoin, REJOIN_MS);
