@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -289,9 +290,204 @@ def publish_one(page: Any, service: Service, codec: str) -> dict[str, Any]:
     return out
 
 
+# The UDP drop: a routing rule in the probe's own network namespace that blackholes every UDP
+# datagram (sending one fails at once, as on a network that went down), so the media path and
+# ICE between Chromium and the relay break while HTTP (TCP) to the service still works, as on
+# a lost Wi-Fi or mobile path that the page's WHIP requests then find again. Only rules of this
+# namespace are touched: the probe refuses to run where it is not alone with ``lo``.
+UDP_DROP_PREF = "10"
+
+
+def ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+
+def own_namespace() -> None:
+    links = subprocess.run(["ip", "-o", "link"], check=True, capture_output=True, text=True)
+    names = [line.split(":")[1].strip() for line in links.stdout.splitlines()]
+    if names != ["lo"]:
+        raise SystemExit(f"the network drop needs a namespace of its own with only lo, not {names}")
+    # The local table is looked up first by default: the drop rule must come before it.
+    ip("rule", "del", "pref", "0")
+    ip("rule", "add", "pref", "100", "lookup", "local")
+
+
+def udp_drop(on: bool) -> None:
+    if on:
+        ip("rule", "add", "pref", UDP_DROP_PREF, "ipproto", "udp", "blackhole")
+    else:
+        ip("rule", "del", "pref", UDP_DROP_PREF)
+
+
+# Samples the page's microphone level every 50 ms for `ms` in one evaluate.
+LEVEL_SAMPLES_JS = """
+async (ms) => {
+  const out = [];
+  for (const end = performance.now() + ms; performance.now() < end;) {
+    out.push(window.sfuPublisher.micLevel);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return out;
+}
+"""
+
+WIDTH_JS = """
+() => ({scroll: document.documentElement.scrollWidth, client: document.documentElement.clientWidth})
+"""
+
+OPTIONS_JS = """
+(id) => [...document.getElementById(id).options]
+  .map((o) => ({value: o.value, label: o.textContent}))
+"""
+
+# The video sender's encoding ceiling and the encoder's target, read from the page's session.
+SENDER_JS = """
+async () => {
+  const p = window.sfuPublisher;
+  return {applied: p.appliedMaxBitrate, target: p.video.targetBitrate, bitrate: p.bitrate.video};
+}
+"""
+
+
+def broadcaster(page: Any, service: Service) -> dict[str, Any]:
+    """The broadcaster's controls on a phone-sized page: device selects and the level meter
+    before publishing, a microphone switch and a bitrate ceiling while live, then a network
+    drop and the relay ending the session, each followed by the page publishing again."""
+    own_namespace()
+    stream = "page-broadcaster"
+    out: dict[str, Any] = {"stream": stream}
+    page.set_viewport_size({"width": 390, "height": 844})
+    page.goto(f"{service.base}/publish?stream={stream}&token={TOKEN}")
+    page.wait_for_function("() => window.sfuPublisher?.clock.state === 'joined'",
+                           timeout=PAGE_TIMEOUT_MS)
+    out["width"] = [page.evaluate(WIDTH_JS)]
+
+    # Before publishing: the preview lists the fake devices by name and the meter follows
+    # the fake microphone's beep.
+    page.click("#preview-button")
+    page.wait_for_function("() => window.sfuPublisher.state === 'previewing'"
+                           " || window.sfuPublisher.error", timeout=PAGE_TIMEOUT_MS)
+    out["preview"] = page_state(page)
+    out["cameras"] = page.evaluate(OPTIONS_JS, "camera")
+    out["microphones"] = page.evaluate(OPTIONS_JS, "microphone")
+    out["levels_before"] = page.evaluate(LEVEL_SAMPLES_JS, 1500)
+    out["meter_label"] = page.evaluate(
+        "() => document.getElementById('mic-level').labels[0]?.textContent")
+
+    # Live: the server sees the stream; another microphone goes on the same session.
+    page.click("#start")
+    page.wait_for_function("() => window.sfuPublisher.state === 'publishing'"
+                           " || window.sfuPublisher.error", timeout=PAGE_TIMEOUT_MS)
+    first = poll(lambda: live_publisher(service, stream, None), 15, "the stream live")
+    out["live"] = first
+    out["width"].append(page.evaluate(WIDTH_JS))
+    out["levels_live"] = page.evaluate(LEVEL_SAMPLES_JS, 1500)
+    mics = out["microphones"]
+    if len(mics) > 1:
+        current = page.evaluate("() => document.getElementById('microphone').value")
+        other = next(m["value"] for m in mics if m["value"] != current)
+        page.select_option("#microphone", other)
+        page.wait_for_function(
+            "(id) => { const p = window.sfuPublisher;"
+            " return p.sentTrackIds.audio && p.sentTrackIds.audio === p.trackIds.audio"
+            " && p.sentTrackIds.audio !== id; }",
+            arg=out["preview"]["trackIds"]["audio"], timeout=PAGE_TIMEOUT_MS)
+        out["switched"] = page_state(page)
+        out["switched_live"] = service.get(f"/api/streams/{stream}")[1]
+
+    # A bitrate ceiling while live: on the sender's encoding, and the encoder's target under it.
+    page.wait_for_function("() => window.sfuPublisher.video.targetBitrate > 300000",
+                           timeout=PAGE_TIMEOUT_MS)
+    out["bitrate_before"] = page.evaluate(SENDER_JS)
+    page.select_option("#bitrate", "250000")
+    changed = time.monotonic()
+    page.wait_for_function("() => window.sfuPublisher.video.targetBitrate <= 250000",
+                           timeout=PAGE_TIMEOUT_MS)
+    out["bitrate_after"] = page.evaluate(SENDER_JS)
+    out["bitrate_after"]["applied_s"] = round(time.monotonic() - changed, 2)
+    out["bitrate_encodings"] = page.evaluate("() => window.sfuPublisher.appliedMaxBitrate")
+
+    # The network drops: UDP is blackholed until the page says it is reconnecting, then back.
+    before = page_state(page)
+    dropped = time.monotonic()
+    udp_drop(True)
+    try:
+        page.wait_for_function("() => window.sfuPublisher.state === 'reconnecting'",
+                               timeout=PAGE_TIMEOUT_MS)
+        out["drop_noticed_s"] = round(time.monotonic() - dropped, 2)
+    finally:
+        udp_drop(False)
+    restored = time.monotonic()
+    again = poll(lambda: live_publisher(service, stream, first["publisher"]["id"]), 15,
+                 "the stream live again after the network drop")
+    out["drop_resumed_s"] = round(time.monotonic() - restored, 2)
+    page.wait_for_function("() => window.sfuPublisher.state === 'publishing'",
+                           timeout=PAGE_TIMEOUT_MS)
+    out["after_drop"] = {"before": before, "page": page_state(page), "stream": again}
+
+    # The relay ends the session (as an operator's DELETE, or its media timeout would): the
+    # page sees its DTLS closed and publishes again.
+    url = page.evaluate("() => window.sfuPublisher.sessionUrl")
+    ended = time.monotonic()
+    req = urllib.request.Request(url, method="DELETE",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        out["ended_status"] = resp.status
+    third = poll(lambda: live_publisher(service, stream, again["publisher"]["id"]), 15,
+                 "the stream live again after the relay ended the session")
+    out["end_resumed_s"] = round(time.monotonic() - ended, 2)
+    page.wait_for_function("() => window.sfuPublisher.state === 'publishing'",
+                           timeout=PAGE_TIMEOUT_MS)
+    out["after_end"] = {"page": page_state(page), "stream": third}
+
+    page.click("#stop")
+    page.wait_for_function("() => window.sfuPublisher.state === 'stopped'", timeout=PAGE_TIMEOUT_MS)
+    out["stopped"] = page_state(page)
+    return out
+
+
+def live_publisher(service: Service, stream: str, not_id: str | None) -> dict[str, Any] | None:
+    """The stream's status once a publisher other than ``not_id`` is connected and both kinds
+    of its media arrive (packets counted since it came)."""
+    status, body = service.get(f"/api/streams/{stream}")
+    if status != 200 or body["publisher"] is None:
+        return None
+    publisher = body["publisher"]
+    if publisher["id"] == not_id or publisher["state"] != "connected":
+        return None
+    tracks = {t["kind"]: t for t in publisher.get("tracks", [])}
+    if any(tracks.get(k, {}).get("packets", 0) < 10 for k in ("video", "audio")):
+        return None
+    return dict(body)
+
+
+def token_refused(page: Any, service: Service) -> dict[str, Any]:
+    """No token at all where the service asks for one: the page's own message, not retried."""
+    stream = "page-no-token"
+    page.goto(f"{service.base}/publish?stream={stream}")
+    page.click("#start")
+    page.wait_for_function("() => ['failed', 'publishing'].includes(window.sfuPublisher.state)",
+                           timeout=PAGE_TIMEOUT_MS)
+    page.wait_for_timeout(1500)  # long enough for a retry, had there been one
+    out: dict[str, Any] = {"page": page_state(page)}
+    out["streams"] = service.get("/api/streams")[1]
+    out["status_role"] = page.evaluate(
+        "() => [document.getElementById('status').getAttribute('role'),"
+        " document.getElementById('status').getAttribute('aria-live')]")
+    return out
+
+
+STEPS = ("wrong_token", *CODECS, "token_refused", "broadcaster")
+
+
 def main() -> None:
     from playwright.sync_api import sync_playwright
 
+    # Steps named on the command line run alone (to repeat one); by default all of them.
+    steps = sys.argv[1:] or list(STEPS)
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        raise SystemExit(f"unknown steps {sorted(unknown)}; the steps are {STEPS}")
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="sfu-sidecar-publish-") as data_dir:
         service = Service(data_dir)
@@ -310,9 +506,15 @@ def main() -> None:
                     page = browser.new_page()
                     page.on("console", lambda m: print("page:", m.type, m.text, file=sys.stderr))
                     page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
-                    result["wrong_token"] = wrong_token(page, service)
-                    for codec in CODECS:
-                        result[codec] = publish_one(page, service, codec)
+                    for step in steps:
+                        if step == "wrong_token":
+                            result[step] = wrong_token(page, service)
+                        elif step in CODECS:
+                            result[step] = publish_one(page, service, step)
+                        elif step == "token_refused":
+                            result[step] = token_refused(page, service)
+                        else:
+                            result[step] = broadcaster(page, service)
                 finally:
                     browser.close()
             result["browser_s"] = round(time.monotonic() - began, 1)

@@ -4,8 +4,12 @@ The probe (publish_probe.py) runs the whole service with a publish token and dri
 with Chromium's fake camera and microphone: a start with a wrong token, then one publication
 per video codec (VP8, VP9, H.264) watched by a WHEP viewer and read from the live segments, a
 caption sent from the page's
-box, and Stop. Everything asserted here was read from the service (its status routes, the
-caption feed and chunks, the relay's record of how sessions ended) or from the viewer.
+box, and Stop; a start with no token; then the broadcaster's controls on a 390 px wide page:
+device selects and the level meter, a microphone switched and a bitrate ceiling set while live,
+a network drop (UDP blackholed in the probe's namespace) and the relay ending the session, each
+followed by the page publishing again on the same stream. Everything asserted here was read from
+the service (its status routes, the caption feed and chunks, the relay's record of how sessions
+ended) or from the viewer, or is what the page shows.
 """
 
 from __future__ import annotations
@@ -48,7 +52,8 @@ def test_a_wrong_token_shows_the_services_401_reason_and_publishes_nothing(
     seen = probe["wrong_token"]
     page = seen["page"]
     assert page["state"] == "failed", page
-    assert page["status_text"] == "WHIP 401: wrong token for publishing", page
+    assert page["status_text"] == "publish token refused (401: wrong token for publishing)", page
+    assert page["error"] == page["status_text"]
     assert page["state_text"] == "not published"
     assert seen["stream_status"] == 404, seen
     assert seen["streams"] == {"streams": []}, seen
@@ -143,3 +148,88 @@ def test_stop_deletes_the_whip_session(probe: dict[str, Any], codec: str) -> Non
     assert run["stream_stopped"]["publisher"] is None, run["stream_stopped"]
     assert run["stream_stopped"]["publishers_seen"] == 1
     assert run["ended"] == {"publisher:deleted": 1}, run["ended"]
+
+
+def test_no_token_is_refused_in_words_and_not_retried(probe: dict[str, Any]) -> None:
+    seen = probe["token_refused"]
+    page = seen["page"]
+    assert page["state"] == "failed" and page["sessions"] == 0 and page["reconnects"] == 0, page
+    assert page["status_text"].startswith("publish token refused (401: "), page["status_text"]
+    assert page["error"] == page["status_text"]
+    # The status line is announced to screen readers.
+    assert seen["status_role"] == ["status", "polite"]
+    assert not any(s["stream"] == "page-no-token" for s in seen["streams"]["streams"]), seen
+
+
+def test_device_selects_list_the_fake_devices_and_the_meter_follows_the_beep(
+    probe: dict[str, Any],
+) -> None:
+    run = probe["broadcaster"]
+    assert run["preview"]["state"] == "previewing" and run["preview"]["error"] is None
+    # Named after permission was given: Chromium's fake camera and microphones.
+    assert [c["label"] for c in run["cameras"]] == ["fake_device_0"], run["cameras"]
+    assert len(run["microphones"]) >= 2, run["microphones"]
+    assert all(m["label"].startswith("Fake") for m in run["microphones"]), run["microphones"]
+    assert run["meter_label"] == "microphone level"
+    # The fake microphone beeps once a second: the meter rises with it and falls back to
+    # silence, before publishing and while live.
+    for levels in (run["levels_before"], run["levels_live"]):
+        assert max(levels) > 0.3 and min(levels) < 0.05, levels
+    # Nothing wider than a 390 px phone screen, before and while publishing.
+    assert all(w["scroll"] <= w["client"] == 390 for w in run["width"]), run["width"]
+
+
+def test_another_microphone_goes_on_air_without_a_new_session(probe: dict[str, Any]) -> None:
+    run = probe["broadcaster"]
+    page = run["switched"]
+    assert page["sentTrackIds"]["audio"] == page["trackIds"]["audio"], page
+    assert page["trackIds"]["audio"] != run["preview"]["trackIds"]["audio"]
+    assert page["sessions"] == 1 and page["state"] == "publishing", page
+    # The relay saw no renegotiation: the same publisher session goes on.
+    assert run["switched_live"]["publisher"]["id"] == run["live"]["publisher"]["id"]
+
+
+def test_a_bitrate_ceiling_is_applied_while_live(probe: dict[str, Any]) -> None:
+    run = probe["broadcaster"]
+    print(f"\nvideo target {run['bitrate_before']['target']} bit/s, then "
+          f"{run['bitrate_after']['target']} bit/s {run['bitrate_after']['applied_s']} s "
+          "after a 250 kbit/s ceiling")
+    assert run["bitrate_before"]["applied"] is None
+    assert run["bitrate_before"]["target"] > 300_000, run["bitrate_before"]
+    # On the sender's first encoding, and the encoder's target (getStats) under it.
+    assert run["bitrate_encodings"] == 250_000
+    assert run["bitrate_after"]["target"] <= 250_000, run["bitrate_after"]
+
+
+def test_the_page_publishes_again_after_a_network_drop(probe: dict[str, Any]) -> None:
+    run = probe["broadcaster"]
+    after = run["after_drop"]
+    page = after["page"]
+    print(f"\ndrop noticed after {run['drop_noticed_s']} s; on air again "
+          f"{run['drop_resumed_s']} s after the network came back")
+    assert run["drop_resumed_s"] < 5, run["drop_resumed_s"]
+    assert page["state"] == "publishing" and page["reconnects"] == 1, page
+    assert page["lastDrop"].startswith(("disconnected", "the connection")), page["lastDrop"]
+    # The same stream and the same tracks, in a new WHIP session; the old one was ended.
+    assert page["sessions"] == 2 and page["sessionUrl"] != after["before"]["sessionUrl"]
+    assert page["trackIds"] == after["before"]["trackIds"] == page["sentTrackIds"], page
+    assert page["appliedMaxBitrate"] == 250_000, "the bitrate ceiling goes on with the stream"
+    stream = after["stream"]
+    assert stream["stream"] == run["stream"] and stream["publisher"]["state"] == "connected"
+    assert stream["publisher"]["id"] != run["live"]["publisher"]["id"]
+
+
+def test_the_page_publishes_again_when_the_relay_ends_its_session(
+    probe: dict[str, Any],
+) -> None:
+    run = probe["broadcaster"]
+    page = run["after_end"]["page"]
+    print(f"\nsession ended by the relay; on air again after {run['end_resumed_s']} s")
+    assert run["ended_status"] == 200
+    assert run["end_resumed_s"] < 5, run["end_resumed_s"]
+    assert page["lastDrop"] == "the relay ended the session", page
+    assert page["state"] == "publishing" and page["sessions"] == 3, page
+    assert run["after_end"]["stream"]["publisher"]["id"] != run["after_drop"]["stream"][
+        "publisher"]["id"]
+    stopped = run["stopped"]
+    assert stopped["state"] == "stopped" and stopped["deleteStatus"] == 200, stopped
