@@ -13,6 +13,13 @@ of each frame number.
 With ``--gap S`` the publisher leaves half-way through and a new one (a new RTP timestamp base)
 comes back S seconds later: the stream timeline breaks, and the playlists mark the
 discontinuity.
+
+``--join`` is when the player arrives: ``warm`` (the default) once a few segments are listed and
+the first caption chunk has closed; ``start`` as a viewer at the start of a broadcast, whose
+request for ``master.m3u8`` is the first read of the stream's segments (it starts the segmenting,
+so the player joins as the first segment closes); ``late`` :data:`LATE_JOIN_S` after the first
+segment closed. ``--package`` names the npm package of the hls.js build to inject (``hls.js``,
+or ``hls.js-1.5`` for the 1.5 line), ``--watch`` how many seconds the page plays.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -37,8 +45,16 @@ from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread
 
 STREAM = "hls"
 TOKEN = "e2e-view"
-HLS_JS = ROOT / "node_modules" / "hls.js" / "dist" / "hls.min.js"
+PACKAGES = ("hls.js", "hls.js-1.5")  # the newest pinned release and the 1.5 line
+
+
+def hls_js(package: str) -> Path:
+    return ROOT / "node_modules" / package / "dist" / "hls.min.js"
+
+
+HLS_JS = hls_js(PACKAGES[0])
 WATCH_S = 14.0
+LATE_JOIN_S = 10.0
 # Cue k lasts [2k + 1, 2k + 2.5) stream seconds: longer than a segment, so it comes in the
 # caption windows of two or three segments and hls.js must show it once.
 CUE_EVERY_S, CUE_LEN_S, CUE_AT_S = 2.0, 1.5, 1.0
@@ -56,7 +72,11 @@ PLAY_JS = """
   window.hls = hls;
   hls.on(Hls.Events.ERROR, (_, d) => probe.errors.push(
       {type: d.type, details: d.details, fatal: d.fatal,
-       url: (d.frag && d.frag.url) || d.url || null}));
+       url: (d.frag && d.frag.url) || d.url || null,
+       status: (d.response && d.response.code) || null}));
+  // A page without a stream to play yet tries again, as a viewer reloading it would.
+  hls.on(Hls.Events.ERROR, (_, d) => { if (d.fatal && d.details === 'manifestLoadError')
+      setTimeout(() => hls.loadSource(src), 1000); });
   hls.on(Hls.Events.FRAG_CHANGED, (_, d) => probe.frags.push(
       {sn: d.frag.sn, cc: d.frag.cc, start: d.frag.start, url: d.frag.relurl}));
   hls.on(Hls.Events.SUBTITLE_TRACKS_UPDATED, (_, d) => { probe.subtitleTracks =
@@ -64,8 +84,13 @@ PLAY_JS = """
   hls.on(Hls.Events.MANIFEST_PARSED, () => { if (hls.subtitleTrack < 0) hls.subtitleTrack = 0; });
   (""" + FRAME_NUMBER_JS.strip() + """)();
   const onFrame = (now, meta) => {
+    const active = [];
+    for (const track of video.textTracks) {
+      if (track.kind !== 'subtitles' && track.kind !== 'captions') continue;
+      for (const cue of track.activeCues || []) active.push(cue.text);
+    }
     probe.frames.push({n: window.readFrameNumber(video), mediaTime: meta.mediaTime,
-                       wallMs: performance.timeOrigin + meta.expectedDisplayTime});
+                       wallMs: performance.timeOrigin + meta.expectedDisplayTime, active});
     video.requestVideoFrameCallback(onFrame);
   };
   video.requestVideoFrameCallback(onFrame);
@@ -84,9 +109,21 @@ PLAY_JS = """
     probe.samples.push({currentTime: video.currentTime, latency: hls.latency,
                         targetLatency: hls.targetLatency, paused: video.paused});
   }, 250);
+  performance.setResourceTimingBufferSize(5000);
+  probe.loadedAtMs = Date.now();
   hls.loadSource(src);
   hls.attachMedia(video);
 }
+"""
+
+# What the page fetched from the stream's playlists and caption windows: path, HTTP status and
+# the wall times (ms) of the request and of the response's end.
+RESOURCES_JS = """
+() => performance.getEntriesByType('resource')
+    .filter((e) => /[.](m3u8|vtt)([?]|$)/.test(e.name))
+    .map((e) => ({path: new URL(e.name).pathname + new URL(e.name).search,
+                  status: e.responseStatus, startMs: performance.timeOrigin + e.startTime,
+                  endMs: performance.timeOrigin + e.responseEnd}))
 """
 
 
@@ -101,7 +138,8 @@ class Service(LoopThread):
         self.joined: Any = None
         self.epoch: int | None = None
         self.cues: list[dict[str, Any]] = []
-        self.segments: dict[int, float] = {}  # number -> start_s, from index.json
+        self.segments: dict[int, float] = {}  # number -> start_s, as the segmenter made them
+        self.first_closed: float | None = None  # wall time (s) the first segment was seen
 
     async def _start(self) -> None:
         settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
@@ -121,19 +159,44 @@ class Service(LoopThread):
             if self.epoch is not None:
                 break
             await asyncio.sleep(0.1)
-        self.tasks = [asyncio.ensure_future(self._index()), asyncio.ensure_future(self._feed())]
+        self.tasks = [asyncio.ensure_future(self._track()), asyncio.ensure_future(self._feed())]
 
     def stream_now_s(self) -> float:
         assert self.epoch is not None
         return (self.components.now_ns()() - self.epoch) / 1e9
 
-    async def _index(self) -> None:
-        """Reads index.json (its first read starts segmenting) and keeps every segment's start."""
-        while True:
+    def segmenting(self) -> bool:
+        segments = self.components.segments
+        return segments is not None and STREAM in segments.live
+
+    async def read_segments(self) -> None:
+        """Reads index.json now (the first read starts segmenting) and every second after, so
+        the stream is segmented however long the probe waits for the browser."""
+
+        async def read() -> None:
             async with self.http.get(f"{self.base}/streams/{STREAM}/media/index.json") as r:
-                for s in (await r.json())["segments"]:
-                    self.segments[s["number"]] = s["start_s"]
-            await asyncio.sleep(0.5)
+                assert r.status == 200, await r.text()
+
+        async def keep_reading() -> None:
+            while True:
+                await asyncio.sleep(1.0)
+                await read()
+
+        await read()
+        self.tasks.append(asyncio.ensure_future(keep_reading()))
+
+    async def _track(self) -> None:
+        """Keeps every segment's start as the segmenter closes it (reading its window in
+        process, which is not a read of the stream: it starts nothing)."""
+        segments = self.components.segments
+        assert segments is not None
+        while True:
+            live = segments.live.get(STREAM)
+            for s in live.segmenter.segments if live is not None else ():
+                self.segments[s.number] = s.start_us / 1e6
+            if self.segments and self.first_closed is None:
+                self.first_closed = time.time()
+            await asyncio.sleep(0.05)
 
     async def _feed(self) -> None:
         k = 1
@@ -175,21 +238,30 @@ def wait_available(url: str, timeout_s: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--gap", type=float, default=0.0)
-    gap = parser.parse_args().gap
+    parser.add_argument("--join", choices=("warm", "start", "late"), default="warm")
+    parser.add_argument("--package", choices=PACKAGES, default=PACKAGES[0])
+    parser.add_argument("--watch", type=float, default=WATCH_S)
+    args = parser.parse_args()
+    gap, watch_s = args.gap, args.watch
     service = Service()
     service.thread.start()
     if not service.ready.wait(30):
         raise SystemExit("service did not start")
-    result: dict[str, Any] = {"joined": service.joined is not None, "epoch": service.epoch}
+    result: dict[str, Any] = {"joined": service.joined is not None, "epoch": service.epoch,
+                              "join": args.join, "package": args.package}
     media = f"{service.base}/streams/{STREAM}/media"
-    # hls.js starts 3 target durations behind the newest segment: a few must be listed first,
-    # and the first caption chunk closed (chunk end + 3 s grace).
-    result["waited_s"] = {
-        "segments": wait_available(f"{media}/media.m3u8", 30),
-        "captions": wait_available(f"{service.base}/captions/{STREAM}/en/live.m3u8", 30),
-    }
-    while len(service.segments) < 4:
-        time.sleep(0.25)
+    if args.join == "warm":
+        service.call(service.read_segments())
+        # hls.js starts 3 target durations behind the newest segment: a few must be listed
+        # first, and the first caption chunk closed (chunk end + 3 s grace).
+        result["waited_s"] = {
+            "segments": wait_available(f"{media}/media.m3u8", 30),
+            "captions": wait_available(f"{service.base}/captions/{STREAM}/en/live.m3u8", 30),
+        }
+        while len(service.segments) < 4:
+            time.sleep(0.25)
+    elif args.join == "late":
+        service.call(service.read_segments())
     from playwright.sync_api import sync_playwright
 
     BROWSER_LOCK.touch(exist_ok=True)
@@ -200,26 +272,38 @@ def main() -> None:
             try:
                 page = browser.new_page()
                 page.goto(f"{service.base}/healthz")  # an origin for the page; any would do
-                page.add_script_tag(path=str(HLS_JS))
+                page.add_script_tag(path=str(hls_js(args.package)))
                 result["hls_version"] = page.evaluate("() => Hls.version")
+                if args.join == "start":
+                    # Captions have begun (the master names the languages it has cues in);
+                    # the viewer's request for the master playlist is the stream's first read.
+                    while not service.cues:
+                        time.sleep(0.05)
+                    assert not service.segmenting(), "segmenting started before the player"
+                elif args.join == "late":
+                    while service.first_closed is None:
+                        time.sleep(0.05)
+                    time.sleep(max(0.0, service.first_closed + LATE_JOIN_S - time.time()))
                 page.evaluate(PLAY_JS, {"src": f"{media}/master.m3u8", "token": TOKEN})
                 if gap:
-                    time.sleep(WATCH_S / 2)
+                    time.sleep(watch_s / 2)
                     service.call(service.broadcaster.leave())
                     time.sleep(gap)
                     service.call(service.broadcaster.come_back())
                     # hls.js plays a target latency behind: the break must reach the screen.
-                    time.sleep(WATCH_S)
+                    time.sleep(watch_s)
                 else:
-                    time.sleep(WATCH_S)
+                    time.sleep(watch_s)
                 result["page"] = page.evaluate(
                     "() => ({...window.probe, cues: Object.values(window.probe.cues)})")
+                result["resources"] = page.evaluate(RESOURCES_JS)
             finally:
                 browser.close()
     capture_log = service.broadcaster.video.capture_log
     result["capture_log"] = {str(n): ns for n, ns in capture_log.items()}
     result["ingested"] = service.cues
     result["segments"] = {str(n): s for n, s in service.segments.items()}
+    result["first_segment_wall_s"] = service.first_closed
     service.stop()
     print(json.dumps(result))
 

@@ -6,7 +6,14 @@ hls.js may shift the timeline (it starts media time at the first fragment it loa
 are compared with the media time of the frames: each presented frame's media time (from
 ``requestVideoFrameCallback``) against its true stream time (capture time, known to the
 publisher by the frame number in its pixels, minus the stream epoch) gives the shift, and each
-cue's start and end on the text track, less that shift, must be its ingested stream time.
+cue's start and end on the text track, less that shift, must be its ingested stream time; and
+each cue must be active on the text track while the frames of its interval play.
+
+Both hls.js lines the suite pins (the newest release and 1.5) play the stream joined at two
+moments: as the first segment closes, the viewer's request for the master playlist being the
+stream's first read (it starts the segmenting), and 10 s later. A player joining at the start
+plays about a second behind the live edge, so the subtitle playlist must list each caption
+window as soon as the media playlist lists its segment.
 """
 
 from __future__ import annotations
@@ -21,23 +28,29 @@ from typing import Any
 import pytest
 
 from tests.conftest import NOT_RUN, ROOT, partial_run
-from tests.e2e.hls_probe import HLS_JS
+from tests.e2e.hls_probe import PACKAGES, hls_js
 
 pytestmark = [pytest.mark.browser]
 
 FRAME_S = 1 / 30  # the synthetic publisher's frame interval: the cue tolerance
 PLAYED_S = 10.0
 GAP_S = 1.5  # how long the publisher is away in the break test
+WATCH_S = 13.0  # the joins' run: PLAYED_S of playback after hls.js has started
+# Frames this close to a cue's start or end may be presented before the text track's active
+# cues catch up (they are updated as the media time passes, not per frame).
+ACTIVE_MARGIN_S = 0.1
 
 
-def run_probe(*args: str) -> dict[str, Any]:
-    if not HLS_JS.is_file():
-        reason = (f"{HLS_JS.relative_to(ROOT)} is missing: run `npm ci --no-audit --no-fund` in "
-                  f"{ROOT} to install the pinned hls.js")
+def run_probe(*args: str, package: str = PACKAGES[0]) -> dict[str, Any]:
+    library = hls_js(package)
+    if not library.is_file():
+        reason = (f"{library.relative_to(ROOT)} is missing: run `npm ci --no-audit --no-fund` "
+                  f"in {ROOT} to install the pinned hls.js")
         if partial_run():
             pytest.skip(NOT_RUN + reason)
         pytest.fail(reason, pytrace=False)
-    proc = subprocess.run([sys.executable, "-m", "tests.e2e.hls_probe", *args],
+    proc = subprocess.run([sys.executable, "-m", "tests.e2e.hls_probe", "--package", package,
+                           *args],
                           cwd=ROOT, capture_output=True, text=True, timeout=150)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -53,9 +66,31 @@ def test_hls_js_shows_each_cue_at_its_stream_time_before_and_after_a_break() -> 
     check_cues_on_the_media_timeline(run_probe("--gap", str(GAP_S)), gap_s=GAP_S)
 
 
-def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0) -> None:
-    pinned = json.loads((ROOT / "package.json").read_text())["devDependencies"]["hls.js"]
-    assert probe["hls_version"] == pinned
+@pytest.mark.parametrize("join", ["start", "late"])
+@pytest.mark.parametrize("package", PACKAGES)
+def test_hls_js_shows_each_cue_in_its_interval_joined_at_the_start_and_later(
+        package: str, join: str) -> None:
+    """A viewer joins as the stream's first segment closes (its master playlist request is the
+    first read: it waits for that segment), or 10 s later. Every playlist it reads answers at
+    once, and every cue is on the text track at its stream time and active while its frames
+    play. (Joined at the start, hls.js 1.7.4 loaded no caption window at all and 1.5.20 each
+    too late to show: the subtitle playlist 404'd for 3 s, then trailed the media by it.)"""
+    probe = run_probe("--join", join, "--watch", str(WATCH_S), package=package)
+    page = probe["page"]
+    # Nothing the player read was missing: no 404 for a playlist or a caption window.
+    assert all(r["status"] == 200 for r in probe["resources"]), probe["resources"]
+    # (A stall, hls.js's media error, may come under load; no request may fail.)
+    assert not [e for e in page["errors"] if e["type"] == "networkError"], page["errors"]
+    joined_s = page["loadedAtMs"] / 1e3 - probe["first_segment_wall_s"]
+    # At the start the master playlist's request comes first and waits for the first segment.
+    assert (joined_s < 0) if join == "start" else (joined_s >= 10.0), joined_s
+    check_cues_on_the_media_timeline(probe, package=package)
+
+
+def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0,
+                                     package: str = PACKAGES[0]) -> None:
+    pinned = json.loads((ROOT / "package.json").read_text())["devDependencies"][package]
+    assert probe["hls_version"] == pinned.rsplit("@", 1)[-1]  # "npm:hls.js@1.5.20" too
     assert probe["joined"] and probe["epoch"] is not None
     page = probe["page"]
     assert not [e for e in page["errors"] if e["fatal"]], page["errors"]
@@ -115,6 +150,8 @@ def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0) 
         shift = shift_at(sent["start"])
         if shift is None or shift_at(sent["end"]) != shift:
             continue  # captioned while the publisher was away: no frame to put it on
+        if sent["start"] < sides[0][0]:
+            continue  # started before the first frame played: hls.js starts it at media time 0
         errors += [cue["start"] - shift - sent["start"], cue["end"] - shift - sent["end"]]
     assert page["mostCopies"] == 1  # a cue in two windows is shown once
     # Every cue ingested for the stretches of stream time that played reached the text track.
@@ -123,6 +160,16 @@ def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0) 
     assert len(due) >= 4 and due <= {c["text"] for c in cues}, (sorted(due), cues)
     if gap_s:
         assert any(ingested[t]["start"] >= sides[1][0] for t in due), "no cue after the break"
+    # Each of them active while the frames of its interval played, and at no other frame.
+    for text in sorted(due):
+        sent = ingested[text]
+        times = [(t, text in f["active"]) for f, t in zip(frames, stream_s, strict=True)]
+        inside = [on for t, on in times
+                  if sent["start"] + ACTIVE_MARGIN_S <= t <= sent["end"] - ACTIVE_MARGIN_S]
+        outside = [t for t, on in times if on and not sent["start"] - ACTIVE_MARGIN_S <= t
+                   <= sent["end"] + ACTIVE_MARGIN_S]
+        assert len(inside) >= 25 and all(inside), (text, sum(inside), len(inside))
+        assert not outside, (text, outside[:5])
 
     latency = statistics.median(s["latency"] for s in page["samples"] if not s["paused"])
     capture_to_display = statistics.median(f["wallMs"] / 1e3 - truth[f["n"]] / 1e9
