@@ -51,7 +51,8 @@ TOOL_PACKAGES = {
     "node": "nodejs", "npm": "npm", "gst-launch-1.0": "gstreamer1.0-tools",
     "promtool": "prometheus", "nsenter": "util-linux", "findmnt": "util-linux",
     "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs", "janus": "janus",
-    "turnserver": "coturn", "redis-server": "redis-server", "server.js": "simple-whip-server",
+    "turnserver": "coturn", "redis-server": "redis-server", "pulseaudio": "pulseaudio",
+    "parec": "pulseaudio-utils", "pactl": "pulseaudio-utils", "server.js": "simple-whip-server",
 }
 NOT_RUN = "NOT RUN: "
 

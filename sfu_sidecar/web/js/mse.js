@@ -32,7 +32,7 @@ export class MsePlayer {
   // lang: the caption language shown first; onStatus(text, isError).
   constructor({
     video, stream, token, lang = null, base = window.location.href, onStatus = () => {},
-    lowLatency = false, lagS = null,
+    lowLatency = false, lagS = null, mayPlay = () => true,
   }) {
     this.video = video;
     this.stream = stream;
@@ -41,6 +41,7 @@ export class MsePlayer {
     this.media = new URL(`/streams/${encodeURIComponent(stream)}/media/`, base);
     this.captionBase = new URL(`/captions/${encodeURIComponent(stream)}/`, base);
     this.onStatus = onStatus;
+    this.mayPlay = mayPlay; // false while the viewer has paused: the player does not resume then
     this.lowLatency = lowLatency;
     this.lagS = lagS; // behind the buffered edge in low latency; from the part length when null
     this.plan = new SegmentPlan({ open: lowLatency });
@@ -227,7 +228,7 @@ export class MsePlayer {
       this.appended++;
       if (this.appended === 1 || resync !== null) this.seekInto(segment.start_s + this.shift);
     }
-    if (this.stats.segments > 0 && this.video.paused) this.video.play().catch(() => {});
+    if (this.stats.segments > 0 && this.video.paused && this.mayPlay()) this.video.play().catch(() => {});
     return streamed;
   }
 
@@ -289,7 +290,7 @@ export class MsePlayer {
         this.seekInto(this.liveTarget(seekFrom));
         seekFrom = null;
       }
-      if (seekFrom === null && this.video.paused) this.video.play().catch(() => {});
+      if (seekFrom === null && this.video.paused && this.mayPlay()) this.video.play().catch(() => {});
     }
     if (seekFrom !== null) this.seekInto(this.liveTarget(seekFrom));
     this.stats.segments++;

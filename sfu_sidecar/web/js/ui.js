@@ -16,8 +16,11 @@ export function showFrameInfo({ streamS, source, mapped, presented, lostBatches 
 }
 
 // The playback toggle keeps the page's other parameters; the MSE rows show in MSE mode only.
-export function showMode(mode, params) {
+export function showMode(mode, params, stream) {
   $("mode").textContent = mode;
+  $("stream-name").textContent = stream;
+  $("title").textContent = stream;
+  document.title = `${stream} · live`;
   for (const [id, value] of [["mode-webrtc", null], ["mode-mse", "mse"]]) {
     const next = new URLSearchParams(params);
     if (value === null) next.delete("mode");
@@ -25,14 +28,6 @@ export function showMode(mode, params) {
     $(id).href = `?${next}`;
   }
   for (const el of document.querySelectorAll(".mse")) el.hidden = mode !== "mse";
-}
-
-export function showLanguages(langs, selected, onSelect) {
-  const select = $("lang");
-  if (select.options.length === langs.length) return;
-  select.replaceChildren(...langs.map((l) => new Option(l, l, false, l === selected)));
-  $("lang-choice").hidden = langs.length === 0;
-  select.onchange = () => onSelect(select.value);
 }
 
 export function showMseStats(s) {

@@ -1,8 +1,10 @@
 // The viewer page: WHEP media + `sync` records -> capture time of the frame on screen -> captions.
 
 import { CueBook } from "./captions.js";
-import { browserNowNs, ClockJoin, parseResponse, request } from "./clocksync.js";
+import { browserNowNs, ClockJoin, joinClock, parseResponse, request } from "./clocksync.js";
+import { ViewerControls } from "./controls.js";
 import { FrameCues } from "./cuetrack.js";
+import { Liveness } from "./playermodel.js";
 import { PlayoutMeter } from "./playout.js";
 import { parseMessage, serializeMessage, SOURCES, SyncState } from "./syncwire.js";
 import * as ui from "./ui.js";
@@ -23,8 +25,50 @@ const PLAYOUT_INTERVAL_MS = 2000;
 const playout = new PlayoutMeter();
 let syncChannel = null;
 let reported = { presented: 0, mapped: 0, lost: 0, resets: 0 };
+// The player controls (sound, captions, fullscreen, the live badge) and whether the stream is
+// live, stalled or offline (the message over the picture).
+const controls = new ViewerControls({ video });
+const liveness = new Liveness();
+if (params.get("lang") !== null) controls.prefs.set({ lang: params.get("lang") });
 // Exposed for the dashboard, debugging and end-to-end tests.
-window.sfuViewer = { stream, sync, book, stats, playout, frameListeners: [] };
+window.sfuViewer = { stream, sync, book, stats, playout, controls, liveness, frameListeners: [] };
+
+function showLiveness() {
+  controls.showState(liveness.state, liveness.message());
+}
+
+// No frame for a while: ask the service whether the stream still has a publisher, so the page
+// can say "offline" (and keep waiting for it) rather than show a frozen picture in silence.
+async function checkLiveness() {
+  if (!liveness.tick(performance.now())) return;
+  showLiveness();
+  let live = false;
+  try {
+    const resp = await fetch(`/api/streams/${encodeURIComponent(stream)}`, {
+      headers: token ? { Authorization: `Bearer ${token}` } : {}, cache: "no-store",
+    });
+    live = resp.ok && (await resp.json()).publisher != null;
+  } catch {
+    live = false; // the service itself is unreachable: offline as far as this viewer can tell
+  }
+  liveness.publisherSeen(live);
+  showLiveness();
+}
+
+// Latency behind live of a frame shown at `displayMs` (performance clock) that was captured at
+// `captureNs` (house time): needs the page's house clock offset, null before it is known.
+function latencyMs(captureNs, displayMs, offsetNs) {
+  if (captureNs === null || offsetNs === null) return null;
+  const displayNs = BigInt(Math.round((performance.timeOrigin + displayMs) * 1e6)) + offsetNs;
+  return Number(displayNs - captureNs) / 1e6;
+}
+
+function frameShown(captureNs, displayMs, offsetNs) {
+  const wasLive = liveness.state === "live";
+  liveness.frame(performance.now());
+  if (!wasLive) showLiveness();
+  controls.frame(latencyMs(captureNs, displayMs, offsetNs));
+}
 
 function trackIndexForMid(mid) {
   for (const [track, anchor] of sync.current) if (anchor.mid === mid) return track;
@@ -94,25 +138,25 @@ function onSyncMessage(event) {
 // Captions as VTTCues on a text track per language of the <video> (rendered by the browser,
 // selectable), placed for each presented frame by its capture time (cuetrack.js).
 const cueTracks = new Map(); // lang -> FrameCues
-let shownLang = params.get("lang");
+let shownLang = null;
 
 function cueTrack(lang) {
   let placer = cueTracks.get(lang);
   if (placer === undefined) {
     const track = video.addTextTrack("captions", lang, lang);
-    shownLang ??= lang;
-    track.mode = lang === shownLang ? "showing" : "hidden";
+    track.mode = "hidden"; // until the controls apply the viewer's choice
     placer = new FrameCues(track);
     cueTracks.set(lang, placer);
-    ui.showLanguages([...cueTracks.keys()], shownLang, selectLanguage);
+    controls.setLanguages([...cueTracks.keys()]);
+    shownLang = controls.shownLanguage();
   }
   return placer;
 }
 
-function selectLanguage(lang) {
+// The controls show the chosen language's track; the page reports that one's cues as shown.
+controls.onLanguage = (lang) => {
   shownLang = lang;
-  for (const [l, placer] of cueTracks) placer.track.mode = l === lang ? "showing" : "hidden";
-}
+};
 
 // Places every cue for the frame at stream time `streamS`; returns the cues shown with it.
 function showCues(streamS) {
@@ -145,6 +189,7 @@ function onFrame(now, meta) {
   const cues = streamS === null ? [] : showCues(streamS);
   for (const cue of cues) playout.caption(cue, streamS);
   if (captureNs !== null) playout.frame(captureNs, audioCaptureNs(meta.expectedDisplayTime ?? now));
+  frameShown(captureNs, meta.expectedDisplayTime ?? now, clockJoin.best()?.offsetNs ?? null);
   const anchor = track === null ? undefined : sync.current.get(track);
   ui.showFrameInfo({
     streamS, source: anchor ? (typeof anchor.source === "number" ? SOURCES[anchor.source] : anchor.source) : null, mapped: stats.mapped,
@@ -197,6 +242,7 @@ const DISCONNECTED_GIVE_UP_MS = 3000;
 // Chromium takes several seconds to call the silent connection "disconnected". A publisher
 // that pauses leaves the session in place (answered 204), so nothing else happens.
 const STALL_CHECK_MS = 2000;
+const LIVENESS_CHECK_MS = 500;
 let reconnectDelayMs = RECONNECT_FIRST_MS;
 let reconnectTimer = null;
 let lastFrameMs = performance.now();
@@ -225,6 +271,8 @@ function reconnectLater(why) {
   const delay = reconnectDelayMs;
   reconnectDelayMs = Math.min(2 * reconnectDelayMs, RECONNECT_MAX_MS);
   ui.setStatus(`stream "${stream}": ${why}; trying again in ${(delay / 1000).toFixed(1)} s`, true);
+  liveness.connecting("reconnecting");
+  showLiveness();
   reconnectTimer = setTimeout(() => {
     reconnectTimer = null;
     stats.reconnects++;
@@ -239,6 +287,8 @@ async function connect() {
   if (old !== null) old.close(); // not awaited: its server may be gone
   sync.restart();
   ui.setStatus(`connecting to stream "${stream}"…`);
+  liveness.connecting();
+  showLiveness();
   const media = new MediaStream();
   video.srcObject = media;
   let opened = null;
@@ -256,8 +306,13 @@ async function connect() {
       },
     });
   } catch (err) {
-    if (FINAL_STATUSES.has(err.status)) ui.setStatus(String(err.message ?? err), true);
-    else reconnectLater(String(err.message ?? err));
+    if (FINAL_STATUSES.has(err.status)) {
+      ui.setStatus(String(err.message ?? err), true);
+      liveness.error(String(err.message ?? err));
+      showLiveness();
+    } else {
+      reconnectLater(String(err.message ?? err));
+    }
     return;
   }
   session = opened;
@@ -280,7 +335,7 @@ async function connect() {
     }
     ui.setStatus(`stream "${stream}": ${state}`);
   });
-  video.play().catch(() => ui.setStatus("click the video to start playback"));
+  controls.play();
 }
 
 function start() {
@@ -291,6 +346,7 @@ function start() {
   setInterval(sendPlayout, PLAYOUT_INTERVAL_MS);
   setInterval(joinHouseClock, REJOIN_MS);
   setInterval(watchStall, STALL_CHECK_MS / 4);
+  setInterval(checkLiveness, LIVENESS_CHECK_MS);
   connect();
 }
 
@@ -300,17 +356,39 @@ async function startMse() {
   const { MsePlayer } = await import("./mse.js");
   const lag = Number.parseFloat(params.get("lag") ?? "");
   const player = new MsePlayer({
-    video, stream, token, lang: params.get("lang"), onStatus: (text, isError) => ui.setStatus(text, isError),
+    video, stream, token, lang: controls.prefs.get("lang"),
+    onStatus: (text, isError) => ui.setStatus(text, isError),
+    mayPlay: () => !controls.userPaused,
     // Low latency unless asked for whole segments (`&latency=segments`): a part behind the
     // live edge instead of a segment or two.
     lowLatency: params.get("latency") !== "segments", lagS: Number.isFinite(lag) && lag > 0 ? lag : null,
   });
   window.sfuViewer.player = player;
+  controls.onLanguage = (lang) => player.selectLanguage(lang);
+  // The house clock for the latency behind live (capture time of the frame on screen); MSE has
+  // no sync channel, so the page joins over the clock WebSocket, renewed like the channel join.
+  let clock = null;
+  const join = async () => {
+    try {
+      clock = await joinClock(wsUrl("/api/clock/ws"));
+    } catch {
+      /* keep the last join: the latency shown is only as good as it, and none is shown without */
+    }
+  };
+  join();
+  setInterval(join, REJOIN_MS);
+  player.frameListeners.push((record, meta) => {
+    const epoch = player.index?.epoch_ns;
+    const captureNs = epoch == null || record.frameS == null
+      ? null : BigInt(epoch) + BigInt(Math.round(record.frameS * 1e9));
+    frameShown(captureNs, meta.expectedDisplayTime ?? performance.now(), clock?.offsetNs ?? null);
+  });
+  setInterval(checkLiveness, LIVENESS_CHECK_MS);
   Object.defineProperty(window, "sidecarStats", { get: () => player.snapshot(), configurable: true });
   setInterval(() => {
     const snapshot = player.snapshot();
     ui.showMseStats(snapshot);
-    ui.showLanguages([...player.tracks.keys()], player.lang, (lang) => player.selectLanguage(lang));
+    controls.setLanguages([...player.tracks.keys()]);
   }, 500);
   try {
     await player.start();
@@ -319,8 +397,13 @@ async function startMse() {
   }
 }
 
-video.addEventListener("click", () => video.play());
-ui.showMode(mode, params);
+function wsUrl(path) {
+  const url = new URL(path, window.location.href);
+  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
+  return url.href;
+}
+
+ui.showMode(mode, params, stream);
 if (mode === "mse") {
   startMse();
 } else {

@@ -1,0 +1,139 @@
+"""The viewer page is a live player a person can use: sound behind the browser's autoplay
+policy, keys, fullscreen, captions on/off and by language, a live badge with the latency, an
+offline state that clears when the publisher is back, a phone-sized layout, and no serious
+accessibility fault. One probe run (tests/e2e/viewer_page_probe.py) in Chromium with its real
+audio output recorded; each test judges one part of it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import subprocess
+import sys
+from functools import cache
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, require
+from tests.e2e.viewer_page_probe import AXE
+
+pytestmark = [pytest.mark.browser, pytest.mark.netns,
+              pytest.mark.needs("pulseaudio", "parec", "pactl")]
+
+SECOND_NS = 1_000_000_000
+# The beep is the first 100 ms of each of the publisher's seconds; heard through the relay,
+# Chromium's jitter buffer and the recorder, it starts this soon after (measured 70-80 ms).
+BEEP_HEARD_WITHIN_NS = 400_000_000
+LATENCY_TEXT = re.compile(r"^\d+(\.\d)? (ms|s) behind live$")
+
+
+@cache
+def probe() -> dict[str, Any]:
+    if not AXE.is_file():
+        require(str(AXE))
+    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.viewer_page_probe"
+    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=150)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    print("screenshots:", result["screenshots"])
+    return result
+
+
+def check_muted_start(unmute: dict[str, Any]) -> None:
+    """The page plays at once; muted only where the browser refused sound without a gesture,
+    and then with the unmute control in view. A page the browser let play with sound was
+    muted with the mute control before the recording."""
+    before = unmute["before"]
+    assert not before["paused"], before
+    assert before["muted"] == before["soundBlocked"], before
+    print("started", "muted by the autoplay policy" if before["muted"] else "with sound")
+    if not before["muted"]:
+        assert unmute["muted_by_control"] is True, unmute
+    assert unmute["unmute_visible"], unmute
+    assert unmute["muted"]["loudest"] == 0, unmute["muted"]  # a null sink's silence is 0
+    after = unmute["after"]
+    assert not after["muted"] and not after["soundBlocked"], after
+    assert not unmute["unmute_visible_after"]
+
+
+def check_one_click_brings_sound(unmute: dict[str, Any], start_ns: int) -> None:
+    check_muted_start(unmute)
+    # The stream's beeps in the output, on the publisher's seconds. An onset within 300 ms of
+    # the click may be the middle of a beep that was playing muted: judged from the next on.
+    heard = [t for t in unmute["unmuted"]["onsets_ns"]
+             if t - unmute["unmuted"]["from_ns"] > 300_000_000]
+    phases_ms = [((t - start_ns) % SECOND_NS) / 1e6 for t in heard]
+    print(f"beeps heard after the click at {phases_ms} ms past the publisher's seconds")
+    assert len(heard) >= 2, unmute["unmuted"]
+    assert all(p < BEEP_HEARD_WITHIN_NS / 1e6 for p in phases_ms), phases_ms
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
+    assert all(abs(g - round(g)) < 0.05 and round(g) >= 1 for g in gaps), gaps
+
+
+def test_webrtc_playback_muted_one_click_on_unmute_brings_the_streams_sound() -> None:
+    result = probe()
+    check_one_click_brings_sound(result["webrtc_unmute"], result["start_ns"])
+    assert LATENCY_TEXT.match(result["webrtc_latency_text"]), result["webrtc_latency_text"]
+
+
+def test_mse_playback_muted_one_click_on_unmute_brings_the_streams_sound() -> None:
+    result = probe()
+    unmute = result["mse_unmute"]
+    check_muted_start(unmute)
+    # MSE plays half a second or more behind live: the beeps are judged by their spacing.
+    heard = [t for t in unmute["unmuted"]["onsets_ns"]
+             if t - unmute["unmuted"]["from_ns"] > 300_000_000]
+    assert len(heard) >= 2 and not unmute["after"]["muted"], unmute
+    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
+    assert all(abs(g - round(g)) < 0.05 and round(g) >= 1 for g in gaps), gaps
+    assert LATENCY_TEXT.match(result["mse_latency_text"]), result["mse_latency_text"]
+    assert sorted(result["mse_caption_modes"].values()) == ["hidden", "showing"]
+
+
+def test_keys_fullscreen_and_caption_controls_do_what_they_say() -> None:
+    keys = probe()["webrtc_keys"]
+    assert (keys["m_once"], keys["m_twice"]) == (True, False)
+    assert keys["c_once"]["captions"] is False
+    assert set(keys["c_once"]["modes"].values()) == {"hidden"}
+    assert keys["c_twice"]["captions"] is True
+    assert sorted(keys["c_twice"]["modes"].values()) == ["hidden", "showing"]
+    assert (keys["k_once"], keys["k_twice"]) == (True, False)
+    assert (keys["f_once"], keys["f_twice"]) == ("player", None)
+    assert (keys["fullscreen_button"], keys["fullscreen_button_again"]) == ("player", None)
+    assert keys["cc_button"]["pressed"] == "false"
+    assert set(keys["cc_button"]["modes"].values()) == {"hidden"}
+    assert keys["cc_button_again"]["pressed"] == "true"
+    assert keys["language_de"] == {"modes": {"de": "showing", "en": "hidden"}, "lang": "de"}
+
+
+def test_an_offline_stream_says_so_and_playback_resumes_when_the_publisher_is_back() -> None:
+    offline = probe()["webrtc_offline"]
+    print(f"offline shown {offline['offline_after_s']} s after the publisher left; "
+          f"playing again {offline['resumed_after_s']} s after it came back")
+    assert offline["offline_after_s"] is not None, offline
+    assert offline["overlay_visible"] and "offline" in offline["offline"]["message"], offline
+    assert offline["resumed_after_s"] is not None, offline
+    assert offline["same_document"], "the page reloaded"
+    assert offline["resumed"]["state"] == "live" and not offline["overlay_visible_after"]
+
+
+@pytest.mark.parametrize("mode", ["webrtc", "mse"])
+def test_on_a_phone_sized_viewport_the_controls_fit_and_nothing_overflows(mode: str) -> None:
+    phone = probe()[f"{mode}_phone"]
+    assert phone["overflow"] <= 0, phone
+    ids = {c["id"] for c in phone["controls"]}
+    assert {"play", "mute", "fullscreen"} <= ids, ids
+    for c in phone["controls"]:
+        assert c["left"] >= 0 and c["right"] <= phone["width"], c
+        assert c["width"] >= 24 and c["height"] >= 24, c  # WCAG 2.2 target size (minimum)
+        assert c["label"], c
+
+
+@pytest.mark.parametrize("page", ["viewer_webrtc", "viewer_mse", "publisher"])
+def test_axe_finds_no_serious_or_critical_accessibility_violation(page: str) -> None:
+    violations = probe()[f"axe_{page}"]
+    print(json.dumps(violations, indent=1))
+    assert [v for v in violations if v["impact"] in ("serious", "critical")] == []
