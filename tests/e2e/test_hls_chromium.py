@@ -39,6 +39,11 @@ WATCH_S = 13.0  # the joins' run: PLAYED_S of playback after hls.js has started
 # Frames this close to a cue's start or end may be presented before the text track's active
 # cues catch up (they are updated as the media time passes, not per frame).
 ACTIVE_MARGIN_S = 0.1
+# A player that joined at the start plays about 1.2 s behind the live edge, and polls the
+# subtitle playlist about once a segment: a window listed as its segment closes can reach it
+# a few frames after the playhead (4 frames, 0.13 s, in one run of twenty). A cue may become
+# active this late after its start; from then to its end it must be active on every frame.
+ACTIVE_LATE_S = 0.4
 
 
 def run_probe(*args: str, package: str = PACKAGES[0]) -> dict[str, Any]:
@@ -161,15 +166,20 @@ def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0,
     if gap_s:
         assert any(ingested[t]["start"] >= sides[1][0] for t in due), "no cue after the break"
     # Each of them active while the frames of its interval played, and at no other frame.
+    late = []
     for text in sorted(due):
         sent = ingested[text]
         times = [(t, text in f["active"]) for f, t in zip(frames, stream_s, strict=True)]
         inside = [on for t, on in times
-                  if sent["start"] + ACTIVE_MARGIN_S <= t <= sent["end"] - ACTIVE_MARGIN_S]
+                  if sent["start"] + ACTIVE_LATE_S <= t <= sent["end"] - ACTIVE_MARGIN_S]
         outside = [t for t, on in times if on and not sent["start"] - ACTIVE_MARGIN_S <= t
                    <= sent["end"] + ACTIVE_MARGIN_S]
         assert len(inside) >= 25 and all(inside), (text, sum(inside), len(inside))
         assert not outside, (text, outside[:5])
+        late.append(min(t for t, on in times if on and t >= sent["start"] - ACTIVE_MARGIN_S)
+                    - sent["start"])
+    print(f"\n{len(due)} cues active in their intervals, first active frame "
+          f"{min(late) * 1e3:+.0f} to {max(late) * 1e3:+.0f} ms from the cue start")
 
     latency = statistics.median(s["latency"] for s in page["samples"] if not s["paused"])
     capture_to_display = statistics.median(f["wallMs"] / 1e3 - truth[f["n"]] / 1e9
