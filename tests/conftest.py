@@ -15,6 +15,9 @@ from typing import Any
 
 import pytest
 
+# Every test's tier (unit, integration, system) and the guard that keeps unit tests pure.
+pytest_plugins = ["tests.support.tiers"]
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # One browser at a time on this machine (2 cores): every browser user takes this lock.

@@ -28,6 +28,7 @@ def test_config_error_exits_2_with_a_clear_message(capsys: pytest.CaptureFixture
     assert "Traceback" not in err
 
 
+@pytest.mark.system
 def test_python_dash_m_runs_the_cli() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "sfu_sidecar", "--version"], capture_output=True, text=True,

@@ -277,6 +277,7 @@ def test_captions_command_lines(argv: list[str], tmp_path: Path) -> None:
 # --- what only running finds: the real binary ------------------------------------------------
 
 
+@pytest.mark.system
 def test_serve_on_a_port_in_use_exits_1_with_the_reason(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

@@ -114,6 +114,7 @@ def _wait_healthy(proc: subprocess.Popen[bytes], base: str, log: Path,
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.system
 def test_wheel_installs_into_a_fresh_venv_and_serves_the_web_client(
     tmp_path: Path, record_property: Any,
 ) -> None:

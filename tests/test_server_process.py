@@ -8,7 +8,11 @@ import time
 import urllib.error
 import urllib.request
 
+import pytest
+
 from tests.conftest import ServerProcess
+
+pytestmark = pytest.mark.system  # runs the service or its CLI as a subprocess
 
 
 def get(url: str) -> tuple[int, bytes, dict[str, str]]:

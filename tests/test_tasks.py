@@ -82,6 +82,7 @@ async def test_stop_from_inside_a_task_leaves_that_task_running() -> None:
     assert other.cancelled()
 
 
+@pytest.mark.integration
 def test_start_without_a_running_loop_raises_and_closes_the_coroutine() -> None:
     tasks = Tasks("captions", log)
     coro = asyncio.sleep(0)

@@ -152,6 +152,7 @@ def verify(ledger: Ledger, stored: dict[str, dict[str, Any]], db: Path) -> None:
         assert conn.execute("PRAGMA integrity_check").fetchone() == ("ok",)
 
 
+@pytest.mark.system
 def test_sigkill_mid_stream_standalone(tmp_path: Path) -> None:
     data = tmp_path / "data"
     server = StandaloneServer(data)

@@ -19,6 +19,7 @@ def run_check(path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.system
 def test_valid_file_prints_browser_values(tmp_path: Path) -> None:
     f = tmp_path / "a.vtt"
     f.write_bytes(
@@ -45,6 +46,7 @@ def test_valid_file_prints_browser_values(tmp_path: Path) -> None:
     ]
 
 
+@pytest.mark.system
 def test_invalid_file_exits_1_with_one_line(tmp_path: Path) -> None:
     f = tmp_path / "bad.vtt"
     f.write_text("WEBVTTX\n\n00:00.000 --> 00:01.000\nx\n")
@@ -55,12 +57,14 @@ def test_invalid_file_exits_1_with_one_line(tmp_path: Path) -> None:
     assert len(lines) == 1 and "not a WebVTT file" in lines[0]
 
 
+@pytest.mark.system
 def test_missing_file_exits_1(tmp_path: Path) -> None:
     result = run_check(tmp_path / "none.vtt")
     assert result.returncode == 1
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.system
 def test_signature_only_file_is_valid_and_empty(tmp_path: Path) -> None:
     f = tmp_path / "empty.vtt"
     f.write_text("WEBVTT")
@@ -69,6 +73,7 @@ def test_signature_only_file_is_valid_and_empty(tmp_path: Path) -> None:
     assert json.loads(result.stdout) == {"cues": [], "regions": []}
 
 
+@pytest.mark.system
 def test_numbers_past_a_double_give_the_browser_result_not_a_traceback(tmp_path: Path) -> None:
     """`line:` with a number too large for a double is skipped (HTML float parsing fails on
     it, as in Chromium); hours past a double's range make the time Infinity."""

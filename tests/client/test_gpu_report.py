@@ -69,6 +69,7 @@ def test_report_reads_the_caching_allocator() -> None:
     }
 
 
+@pytest.mark.system
 def test_torch_is_imported_only_when_asked() -> None:
     probe = ("import sys, sfu_sidecar.client.gpu_report; "
              "print('torch' in sys.modules)")

@@ -6,7 +6,11 @@ import os
 import re
 import subprocess
 
+import pytest
+
 from tests.conftest import sidecar_command
+
+pytestmark = pytest.mark.system  # runs the service or its CLI as a subprocess
 
 LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z system/freerun offset=\+0ns "
                   r"freq=\+0\.0ppb error=\?$")

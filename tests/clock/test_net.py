@@ -23,6 +23,7 @@ def test_cmsg_parsing() -> None:
     assert net._ts_from_cmsgs([(socket.IPPROTO_IP, 8, b"\0" * 12)]) is None
 
 
+@pytest.mark.integration
 def test_kernel_stamps_on_loopback() -> None:
     rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     tx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -60,11 +61,13 @@ def test_kernel_stamps_on_loopback() -> None:
         tx.close()
 
 
+@pytest.mark.integration
 def test_unknown_interface_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="nosuch0"):
         net.interface_address("nosuch0")
 
 
+@pytest.mark.integration
 def test_refused_timestamping_falls_back_and_says_so(caplog: pytest.LogCaptureFixture) -> None:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     s.close()  # every setsockopt now fails (EBADF): the kernel refuses both stamp options

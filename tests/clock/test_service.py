@@ -39,6 +39,7 @@ def run(body: Body, **flags: str) -> None:
         pool.submit(asyncio.run, main()).result(timeout=30)
 
 
+@pytest.mark.integration
 def test_status_without_sources() -> None:
     async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
         before = local.realtime_ns()
@@ -59,6 +60,7 @@ def test_status_without_sources() -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_now_is_monotonic() -> None:
     async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
         values = [clock.now_ns() for _ in range(1000)]
@@ -67,6 +69,7 @@ def test_now_is_monotonic() -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_websocket_json_and_msgpack() -> None:
     async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
         async with c.ws_connect("/api/clock/ws") as ws:
@@ -89,6 +92,7 @@ def test_websocket_json_and_msgpack() -> None:
     run(body)
 
 
+@pytest.mark.integration
 def test_websocket_over_its_rate_is_dropped_then_closed_1008() -> None:
     async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
         async with c.ws_connect("/api/clock/ws") as ws:
@@ -108,6 +112,7 @@ def test_websocket_over_its_rate_is_dropped_then_closed_1008() -> None:
 
 @pytest.mark.parametrize("bad", ['{"type":"clock_req"}', "nope",
                                  '{"type":"clock_resp","t1":1,"t2":2,"t3":3}'])
+@pytest.mark.integration
 def test_websocket_bad_message_closes_1007(bad: str) -> None:
     async def body(c: Any, clock: ClockService, metrics: Metrics) -> None:
         async with c.ws_connect("/api/clock/ws") as ws:

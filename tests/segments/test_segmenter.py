@@ -119,6 +119,7 @@ def _write(seg: StreamSegmenter, path: Path) -> list[tuple[int, int]]:
 
 
 @PARTS
+@pytest.mark.system
 def test_segments_start_on_keyframes_with_stream_time_pts(tmp_path: Path,
                                                           part_us: int | None) -> None:
     video = _vp8_frames(150, gop=10)  # a keyframe every 1/3 s, 5 s of video
@@ -192,6 +193,7 @@ def test_resolution_change_starts_over_with_a_new_init() -> None:
 
 
 @PARTS
+@pytest.mark.system
 def test_audio_that_overtakes_a_keyframe_goes_to_the_segment_it_was_captured_in(
     tmp_path: Path, part_us: int | None,
 ) -> None:
@@ -233,6 +235,7 @@ def test_audio_that_overtakes_a_keyframe_goes_to_the_segment_it_was_captured_in(
 
 
 @PARTS
+@pytest.mark.system
 def test_a_gap_in_capture_times_is_one_discontinuity(tmp_path: Path, part_us: int | None) -> None:
     asked: list[int] = []
     seg = _segmenter(asked=asked, part_us=part_us)
@@ -323,6 +326,7 @@ def _h264_frame(i: int, data: bytes, key: bool) -> Frame:
 
 
 @PARTS
+@pytest.mark.system
 def test_h264_opus_in_fragmented_mp4(tmp_path: Path, part_us: int | None) -> None:
     video = _h264_frames(120, gop=15)
     assert [k for _, k in video].count(True) == 8
@@ -416,6 +420,7 @@ def test_the_open_segment_grows_by_parts_that_become_the_closed_segment(codec: s
 
 
 @PARTS
+@pytest.mark.system
 def test_a_pause_in_the_audio_keeps_the_init_segment_and_the_window(
     tmp_path: Path, part_us: int | None,
 ) -> None:
@@ -442,6 +447,7 @@ def test_a_pause_in_the_audio_keeps_the_init_segment_and_the_window(
     assert len(packets_by_kind(probe, "audio")) >= 45
 
 
+@pytest.mark.system
 def test_audio_that_joins_after_the_first_keyframe_starts_the_segments_over(
     tmp_path: Path,
 ) -> None:
