@@ -24,8 +24,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.netns,
 
 SECOND_NS = 1_000_000_000
 # The beep is the first 100 ms of each of the publisher's seconds; heard through the relay,
-# Chromium's jitter buffer and the recorder, it starts this soon after (measured 70-80 ms).
+# Chromium's jitter buffer and the recorder, it starts this soon after (70-100 ms idle; up to
+# 290 ms on a loaded machine, where the jitter buffer then drains by ~60 ms a second).
 BEEP_HEARD_WITHIN_NS = 400_000_000
+# Consecutive beeps heard a whole number of seconds apart, give or take what the jitter
+# buffer's adaptation moves them (60 ms a second seen under load).
+BEEP_SPACING_SLACK_S = 0.2
 LATENCY_TEXT = re.compile(r"^\d+(\.\d)? (ms|s) behind live$")
 
 
@@ -70,7 +74,7 @@ def check_one_click_brings_sound(unmute: dict[str, Any], start_ns: int) -> None:
     assert len(heard) >= 2, unmute["unmuted"]
     assert all(p < BEEP_HEARD_WITHIN_NS / 1e6 for p in phases_ms), phases_ms
     gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
-    assert all(abs(g - round(g)) < 0.05 and round(g) >= 1 for g in gaps), gaps
+    assert all(abs(g - round(g)) < BEEP_SPACING_SLACK_S and round(g) >= 1 for g in gaps), gaps
 
 
 def test_webrtc_playback_muted_one_click_on_unmute_brings_the_streams_sound() -> None:
@@ -88,7 +92,7 @@ def test_mse_playback_muted_one_click_on_unmute_brings_the_streams_sound() -> No
              if t - unmute["unmuted"]["from_ns"] > 300_000_000]
     assert len(heard) >= 2 and not unmute["after"]["muted"], unmute
     gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
-    assert all(abs(g - round(g)) < 0.05 and round(g) >= 1 for g in gaps), gaps
+    assert all(abs(g - round(g)) < BEEP_SPACING_SLACK_S and round(g) >= 1 for g in gaps), gaps
     assert LATENCY_TEXT.match(result["mse_latency_text"]), result["mse_latency_text"]
     assert sorted(result["mse_caption_modes"].values()) == ["hidden", "showing"]
 
