@@ -71,16 +71,31 @@ class AudioOutput:
             self.chunks.append((time.time_ns(), chunk))
 
     def windows(self, start_ns: int, end_ns: int) -> list[tuple[int, int]]:
-        """(wall-clock ns, peak) of every 10 ms window recorded between the two instants."""
+        """(wall-clock ns, peak) of every 10 ms window recorded between the two instants.
+
+        Samples are dated by their count from the recording's start, not by when their chunk
+        reached this process: a reader starved of CPU gets chunks late, never early, so the
+        start is the earliest that every chunk's arrival allows (the arrivals' lower envelope)
+        and the null sink's clock, which never stops, counts from there."""
+        chunks = list(self.chunks)
+        data = b"".join(chunk for _, chunk in chunks)
+        samples = array("h", data[: len(data) - len(data) % 2])
+        start_of_recording = None
+        received = 0
+        for arrived_ns, chunk in chunks:
+            received += len(chunk) // 2
+            candidate = arrived_ns - received * 1_000_000_000 // RATE
+            if start_of_recording is None or candidate < start_of_recording:
+                start_of_recording = candidate
         out: list[tuple[int, int]] = []
+        if start_of_recording is None:
+            return out
         per = int(RATE * WINDOW_S)
-        for arrived_ns, chunk in list(self.chunks):
-            samples = array("h", chunk[: len(chunk) - len(chunk) % 2])
-            first_ns = arrived_ns - len(samples) * 1_000_000_000 // RATE
-            for i in range(0, len(samples) - per + 1, per):
-                at = first_ns + i * 1_000_000_000 // RATE
-                if start_ns <= at < end_ns:
-                    out.append((at, max(abs(min(samples[i:i + per])), max(samples[i:i + per]))))
+        for i in range(0, len(samples) - per + 1, per):
+            at = start_of_recording + i * 1_000_000_000 // RATE
+            if start_ns <= at < end_ns:
+                window = samples[i:i + per]
+                out.append((at, max(abs(min(window)), max(window))))
         return out
 
     def onsets(self, start_ns: int, end_ns: int, gap_s: float = 0.3) -> list[int]:

@@ -23,12 +23,12 @@ pytestmark = [pytest.mark.browser, pytest.mark.netns,
               pytest.mark.needs("pulseaudio", "parec", "pactl")]
 
 SECOND_NS = 1_000_000_000
-# The beep is the first 100 ms of each of the publisher's seconds; heard through the relay,
-# Chromium's jitter buffer and the recorder, it starts this soon after (70-100 ms idle; up to
-# 290 ms on a loaded machine, where the jitter buffer then drains by ~60 ms a second).
-BEEP_HEARD_WITHIN_NS = 400_000_000
-# Consecutive beeps heard a whole number of seconds apart, give or take what the jitter
-# buffer's adaptation moves them (60 ms a second seen under load).
+# The beep is the first 100 ms of each of the publisher's seconds. Heard through the relay,
+# Chromium's jitter buffer and the recorder, it must come as far behind its capture as the
+# page says its picture is behind live (capture to display), within this: lip sync as Chromium
+# keeps it plus the recorder's 20 ms (idle: beeps 70-100 ms after capture, the picture 40-100
+# ms behind live; two busy cores: both 0.8-1 s, draining ~60 ms a second after a stall).
+AUDIO_VS_PICTURE_MS = 250
 BEEP_SPACING_SLACK_S = 0.2
 LATENCY_TEXT = re.compile(r"^\d+(\.\d)? (ms|s) behind live$")
 
@@ -63,36 +63,41 @@ def check_muted_start(unmute: dict[str, Any]) -> None:
     assert not unmute["unmute_visible_after"]
 
 
-def check_one_click_brings_sound(unmute: dict[str, Any], start_ns: int) -> None:
+def check_one_click_brings_sound(unmute: dict[str, Any]) -> None:
+    """After the click the output carries the stream's beeps: a whole number of seconds apart,
+    each as far behind the publisher's capture second as the page's picture is behind live."""
     check_muted_start(unmute)
-    # The stream's beeps in the output, on the publisher's seconds. An onset within 300 ms of
-    # the click may be the middle of a beep that was playing muted: judged from the next on.
+    # An onset within 300 ms of the click may be the middle of a beep that was playing muted:
+    # judged from the next on.
     heard = [t for t in unmute["unmuted"]["onsets_ns"]
              if t - unmute["unmuted"]["from_ns"] > 300_000_000]
-    phases_ms = [((t - start_ns) % SECOND_NS) / 1e6 for t in heard]
-    print(f"beeps heard after the click at {phases_ms} ms past the publisher's seconds")
     assert len(heard) >= 2, unmute["unmuted"]
-    assert all(p < BEEP_HEARD_WITHIN_NS / 1e6 for p in phases_ms), phases_ms
     gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
     assert all(abs(g - round(g)) < BEEP_SPACING_SLACK_S and round(g) >= 1 for g in gaps), gaps
+    samples = [(t, ms) for t, ms in unmute["picture_latency"] if ms is not None]
+    assert samples, unmute["picture_latency"]
+    # A beep heard `phase` past a capture second is that second's beep heard phase + k s later;
+    # k is the whole number of seconds that brings it nearest the picture's latency then.
+    pairs = []
+    for t in heard:
+        picture_ms = min(samples, key=lambda s: abs(s[0] - t))[1]
+        phase_ms = ((t - unmute["start_ns"]) % SECOND_NS) / 1e6
+        pairs.append((phase_ms + 1000 * round((picture_ms - phase_ms) / 1000), picture_ms))
+    print("beeps heard (ms after capture, the page's picture behind live then): "
+          f"{[(round(d), round(p)) for d, p in pairs]}")
+    assert all(abs(d - p) <= AUDIO_VS_PICTURE_MS for d, p in pairs), pairs
 
 
 def test_webrtc_playback_muted_one_click_on_unmute_brings_the_streams_sound() -> None:
     result = probe()
-    check_one_click_brings_sound(result["webrtc_unmute"], result["start_ns"])
+    check_one_click_brings_sound(result["webrtc_unmute"])
     assert LATENCY_TEXT.match(result["webrtc_latency_text"]), result["webrtc_latency_text"]
 
 
 def test_mse_playback_muted_one_click_on_unmute_brings_the_streams_sound() -> None:
     result = probe()
     unmute = result["mse_unmute"]
-    check_muted_start(unmute)
-    # MSE plays half a second or more behind live: the beeps are judged by their spacing.
-    heard = [t for t in unmute["unmuted"]["onsets_ns"]
-             if t - unmute["unmuted"]["from_ns"] > 300_000_000]
-    assert len(heard) >= 2 and not unmute["after"]["muted"], unmute
-    gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
-    assert all(abs(g - round(g)) < BEEP_SPACING_SLACK_S and round(g) >= 1 for g in gaps), gaps
+    check_one_click_brings_sound(unmute)
     assert LATENCY_TEXT.match(result["mse_latency_text"]), result["mse_latency_text"]
     assert sorted(result["mse_caption_modes"].values()) == ["hidden", "showing"]
 
@@ -113,8 +118,10 @@ def test_keys_fullscreen_and_caption_controls_do_what_they_say() -> None:
     assert keys["language_de"] == {"modes": {"de": "showing", "en": "hidden"}, "lang": "de"}
 
 
-def test_an_offline_stream_says_so_and_playback_resumes_when_the_publisher_is_back() -> None:
-    offline = probe()["webrtc_offline"]
+@pytest.mark.parametrize("mode", ["webrtc", "mse"])
+def test_an_offline_stream_says_so_and_playback_resumes_when_the_publisher_is_back(
+        mode: str) -> None:
+    offline = probe()[f"{mode}_offline"]
     print(f"offline shown {offline['offline_after_s']} s after the publisher left; "
           f"playing again {offline['resumed_after_s']} s after it came back")
     assert offline["offline_after_s"] is not None, offline

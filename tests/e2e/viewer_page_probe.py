@@ -104,10 +104,13 @@ def heard(audio: AudioOutput, start_ns: int, end_ns: int) -> dict[str, Any]:
             "onsets_ns": audio.onsets(start_ns, end_ns), "from_ns": start_ns, "to_ns": end_ns}
 
 
-def unmute_check(page: Any, audio: AudioOutput, muted_s: float, unmuted_s: float) -> dict[str, Any]:
-    """The output while the page plays muted, then after one click on the unmute control."""
-    out: dict[str, Any] = {"before": snapshot(page),
-                           "unmute_visible": page.is_visible("#unmute")}
+def unmute_check(page: Any, audio: AudioOutput, service: Service, muted_s: float,
+                 unmuted_s: float) -> dict[str, Any]:
+    """The output while the page plays muted, then after one click on the unmute control.
+    ``start_ns``: the publisher's timeline now (a publisher that came back started a new one),
+    whose whole seconds its beeps start on."""
+    out: dict[str, Any] = {"before": snapshot(page), "unmute_visible": page.is_visible("#unmute"),
+                           "start_ns": service.broadcaster.timeline.start_house_ns}
     # Chromium grants sound on its own heuristics too (media engagement of the origin): a page
     # it let play with sound is muted with the mute control first, as a viewer would.
     if not out["before"]["muted"]:
@@ -122,7 +125,11 @@ def unmute_check(page: Any, audio: AudioOutput, muted_s: float, unmuted_s: float
         return out
     page.click("#unmute")
     clicked = time.time_ns()
-    time.sleep(unmuted_s)
+    # The page's own latency behind live through the listening, to date each beep against.
+    out["picture_latency"] = []
+    while time.time_ns() - clicked < unmuted_s * 1e9:
+        out["picture_latency"].append((time.time_ns(), snapshot(page)["latencyMs"]))
+        time.sleep(0.2)
     out["muted"] = heard(audio, t0, t1)
     out["unmuted"] = heard(audio, clicked, time.time_ns())
     out["after"] = snapshot(page)
@@ -202,7 +209,7 @@ def accessibility(page: Any) -> list[dict[str, Any]]:
     return found
 
 
-def offline_and_back(page: Any, service: Service) -> dict[str, Any]:
+def offline_and_back(page: Any, service: Service, mode: str) -> dict[str, Any]:
     out: dict[str, Any] = {}
     page.evaluate("() => { window.sameDocument = true; }")
     service.call(service.broadcaster.leave())
@@ -215,13 +222,13 @@ def offline_and_back(page: Any, service: Service) -> dict[str, Any]:
         out["offline_error"] = str(err)[:300]
     out["offline"] = snapshot(page)
     out["overlay_visible"] = page.is_visible("#overlay")
-    page.screenshot(path=str(SCREENSHOTS / "webrtc-desktop-offline.png"))
-    presented = page.evaluate("() => window.sfuViewer.stats.presented")
+    page.screenshot(path=str(SCREENSHOTS / f"{mode}-desktop-offline.png"))
+    presented = snapshot(page)["frames"]
     service.call(service.broadcaster.come_back())
     back = time.monotonic()
     try:
-        wait_for(page, f"() => window.sfuViewer.stats.presented > {presented} + 30 && "
-                 "window.sfuViewer.controls.snapshot().state === 'live'", 20)
+        wait_for(page, f"() => window.sfuViewer.controls.snapshot().frames > {presented} + 30 "
+                 "&& window.sfuViewer.controls.snapshot().state === 'live'", 20)
         out["resumed_after_s"] = time.monotonic() - back
     except Exception as err:
         out["resumed_after_s"] = None
@@ -256,13 +263,13 @@ def main() -> None:
                 result["webrtc_live_after_s"] = wait_for(
                     page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
                     "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
-                result["webrtc_unmute"] = unmute_check(page, audio, 2.2, 3.5)
+                result["webrtc_unmute"] = unmute_check(page, audio, service, 2.2, 3.5)
                 result["webrtc_latency_text"] = snapshot(page)["latency"]
                 result["webrtc_keys"] = keyboard_and_toggles(page)
                 page.screenshot(path=str(SCREENSHOTS / "webrtc-desktop.png"))
                 page.click("#nerd-stats summary")  # the stats panel open, so it is checked too
                 result["axe_viewer_webrtc"] = accessibility(page)
-                result["webrtc_offline"] = offline_and_back(page, service)
+                result["webrtc_offline"] = offline_and_back(page, service, "webrtc")
                 page.close()
 
                 for mode, query in (("webrtc", ""), ("mse", "&mode=mse")):
@@ -279,11 +286,12 @@ def main() -> None:
                 result["mse_live_after_s"] = wait_for(
                     page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
                     "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
-                result["mse_unmute"] = unmute_check(page, audio, 2.2, 3.5)
+                result["mse_unmute"] = unmute_check(page, audio, service, 2.2, 3.5)
                 result["mse_latency_text"] = snapshot(page)["latency"]
                 result["mse_caption_modes"] = track_modes(page)
                 page.screenshot(path=str(SCREENSHOTS / "mse-desktop.png"))
                 result["axe_viewer_mse"] = accessibility(page)
+                result["mse_offline"] = offline_and_back(page, service, "mse")
                 page.close()
 
                 page = browser.new_context(viewport=DESKTOP).new_page()

@@ -30,6 +30,7 @@ export class ViewerControls {
     this.latency = new LatencyMeter();
     this.userPaused = false;
     this.soundBlocked = false; // the browser refused to play with sound until a user gesture
+    this.frames = 0; // frames presented, in either playback mode
     this.languages = [];
     this.onLanguage = () => {};
     this.onCaptions = () => {};
@@ -207,6 +208,7 @@ export class ViewerControls {
   // Each presented frame's latency behind live (capture on the house clock to display), or
   // null where the page cannot know it yet (before its clock join).
   frame(latencyMs, nowMs = performance.now()) {
+    this.frames++;
     const shown = latencyMs === null ? this.latency.shown : this.latency.add(latencyMs, nowMs);
     const text = formatLatency(shown);
     if (this.el.latency.textContent !== (text ?? "")) this.el.latency.textContent = text ?? "";
@@ -253,6 +255,7 @@ export class ViewerControls {
       paused: v.paused, muted: v.muted, volume: v.volume, soundBlocked: this.soundBlocked,
       captions: this.prefs.get("captions"), lang: this.shownLanguage(), languages: [...this.languages],
       fullscreen: document.fullscreenElement != null, latency: this.el.latency.textContent,
+      latencyMs: this.latency.shown, frames: this.frames,
       state: this.el.overlay.dataset.state ?? null, message: this.el.overlayText.textContent,
     };
   }
