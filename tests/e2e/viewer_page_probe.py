@@ -117,6 +117,7 @@ def unmute_check(page: Any, audio: AudioOutput, service: Service, muted_s: float
         page.click("#mute")
         out["muted_by_control"] = snapshot(page)["muted"]
         out["unmute_visible"] = page.is_visible("#unmute")
+        time.sleep(0.5)  # what the output device already held still plays out
     t0 = time.time_ns()
     time.sleep(muted_s)
     t1 = time.time_ns()
@@ -222,6 +223,7 @@ def offline_and_back(page: Any, service: Service, mode: str) -> dict[str, Any]:
         out["offline_error"] = str(err)[:300]
     out["offline"] = snapshot(page)
     out["overlay_visible"] = page.is_visible("#overlay")
+    out["offline_caption_modes"] = track_modes(page)
     page.screenshot(path=str(SCREENSHOTS / f"{mode}-desktop-offline.png"))
     presented = snapshot(page)["frames"]
     service.call(service.broadcaster.come_back())
@@ -236,6 +238,7 @@ def offline_and_back(page: Any, service: Service, mode: str) -> dict[str, Any]:
     out["resumed"] = snapshot(page)
     out["same_document"] = page.evaluate("() => window.sameDocument === true")
     out["overlay_visible_after"] = page.is_visible("#overlay")
+    out["caption_modes_after"] = track_modes(page)
     return out
 
 

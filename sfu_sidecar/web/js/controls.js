@@ -31,6 +31,7 @@ export class ViewerControls {
     this.userPaused = false;
     this.soundBlocked = false; // the browser refused to play with sound until a user gesture
     this.frames = 0; // frames presented, in either playback mode
+    this.state = "connecting"; // as the page last said (playermodel.js Liveness)
     this.languages = [];
     this.onLanguage = () => {};
     this.onCaptions = () => {};
@@ -177,7 +178,8 @@ export class ViewerControls {
   // Every caption track of the video: the chosen language showing while captions are on, the
   // rest hidden (hidden tracks still keep their active cues, which the page's stats read).
   applyCaptionModes() {
-    const on = this.prefs.get("captions");
+    // Offline, the last frame stays on screen: its caption would be a line nobody is saying.
+    const on = this.prefs.get("captions") && this.state !== "offline";
     const shown = this.shownLanguage();
     for (const track of this.video.textTracks) {
       const mode = on && (shown === null || track.language === shown) ? "showing" : "hidden";
@@ -218,6 +220,9 @@ export class ViewerControls {
   // the live badge.
   showState(state, message) {
     const { overlay, overlayText, live } = this.el;
+    const wasOffline = this.state === "offline";
+    this.state = state;
+    if (wasOffline !== (state === "offline")) this.applyCaptionModes();
     overlay.hidden = state === "live" || !message;
     overlay.dataset.state = state;
     overlayText.textContent = message;
