@@ -61,11 +61,19 @@ def extinf_ms(segment: Segment) -> int:
 
 def target_duration(segments: Sequence[Segment]) -> int:
     """RFC 8216 4.3.3.1: every EXTINF rounded to the nearest integer must be <= the target
-    duration. A segment lasts until the first keyframe after the configured duration, so one
-    can be longer by however late that keyframe was: the target comes from the segments listed,
-    not from the setting."""
+    duration, so the target is the longest EXTINF so rounded (halves up), at least 1. A segment
+    lasts until the first keyframe after the configured duration, so one can be longer by
+    however late that keyframe was: the target comes from the segments listed, not from the
+    setting.
+
+    Not rounded up: a player times its live playlist reloads by the target duration (hls.js
+    reloads a playlist it could not use yet, or one that had not changed, after a target
+    duration or half of one) and starts a late join three target durations behind the live
+    edge. Segments of 1.033 s rounded up to 2 doubled both: a subtitle playlist hls.js parsed
+    before its first media playlist (which it drops) was asked for again 2 s later, after the
+    first cues of a late join had played."""
     longest_ms = max((extinf_ms(s) for s in segments), default=1000)
-    return max(1, -(-longest_ms // 1000))
+    return max(1, (longest_ms + 500) // 1000)
 
 
 def _playlist(segments: Sequence[Segment], epoch_ns: int, header: list[str],
@@ -142,9 +150,10 @@ def bandwidth(segments: Sequence[Segment]) -> tuple[int, int]:
     AVERAGE-BANDWIDTH, measured over ``segments`` (audio and video together; they share the
     segments).
 
-    The peak is defined over contiguous runs of segments lasting at most the target duration;
-    a run's rate is a duration-weighted mean of its segments' rates, and every single segment
-    fits the target duration (:func:`target_duration`), so the peak is the fastest segment.
+    The peak is defined over contiguous runs of segments lasting 0.5 to 1.5 target durations;
+    a run's rate is a duration-weighted mean of its segments' rates, and a single segment lasts
+    less than 1.5 target durations (:func:`target_duration`), so the peak is at most the
+    fastest segment's rate, which is the one given.
     """
     if not segments:
         raise ValueError("bandwidth needs at least one segment")

@@ -38,7 +38,7 @@ def test_media_playlist_of_a_window_with_a_discontinuity() -> None:
     assert text == """\
 #EXTM3U
 #EXT-X-VERSION:7
-#EXT-X-TARGETDURATION:3
+#EXT-X-TARGETDURATION:2
 #EXT-X-MEDIA-SEQUENCE:5
 #EXT-X-DISCONTINUITY-SEQUENCE:2
 #EXT-X-MAP:URI="init.mp4?v=1"
@@ -128,7 +128,7 @@ def test_the_window_slides_over_the_discontinuity() -> None:
     # First listed segment carries the tag: the header counts the discontinuities before it.
     text = media_playlist([D, E], init_url="init.mp4?v=1", epoch_ns=EPOCH_NS)
     assert text.splitlines()[:7] == [
-        "#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-TARGETDURATION:3", "#EXT-X-MEDIA-SEQUENCE:8",
+        "#EXTM3U", "#EXT-X-VERSION:7", "#EXT-X-TARGETDURATION:2", "#EXT-X-MEDIA-SEQUENCE:8",
         "#EXT-X-DISCONTINUITY-SEQUENCE:2", '#EXT-X-MAP:URI="init.mp4?v=1"',
         "#EXT-X-DISCONTINUITY",
     ]
@@ -176,11 +176,17 @@ def test_every_window_numbers_each_segment_alike(size: int) -> None:
 
 
 @pytest.mark.parametrize(("duration_us", "target"), [
-    (1_000_000, 1), (1_033_333, 2), (2_000_499, 2), (2_000_500, 3), (200_000, 1),
+    (1_000_000, 1), (1_033_333, 1), (1_499_499, 1), (1_499_500, 2), (2_400_100, 2),
+    (2_499_500, 3), (200_000, 1),
 ])
-def test_target_duration_bounds_every_extinf_as_printed(duration_us: int, target: int) -> None:
-    # 2.0005 s prints as 2.001: the target covers the EXTINF a player reads.
+def test_target_duration_is_the_longest_extinf_as_printed_rounded_to_nearest(
+        duration_us: int, target: int) -> None:
+    # RFC 8216 4.3.3.1 bounds each EXTINF rounded to the nearest integer, as a player reads it:
+    # 1.4995 s prints as 1.500 (rounds to 2), 1.4994995 s as 1.499 (rounds to 1).
     assert target_duration([_segment(0, duration_us, 1, 0, 0)]) == target
+    # Not rounded up: 1.033 s segments (30 fps, 1 s setting) have a target of 1, not 2.
+    assert target_duration([_segment(0, 1_033_333, 1, 0, 0), _segment(1, 1_033_334, 1, 1, 0),
+                            _segment(2, duration_us, 1, 2, 0)]) == max(1, target)
 
 
 def test_bandwidth_is_the_fastest_segment_and_the_mean() -> None:
