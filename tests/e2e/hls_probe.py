@@ -66,7 +66,15 @@ PLAY_JS = """
   video.muted = true; video.autoplay = true; video.playsInline = true;
   document.body.appendChild(video);
   const probe = window.probe = {frames: [], frags: [], errors: [], cues: {}, samples: [],
-                                subtitleTracks: null, mostCopies: 0};
+                                subtitleTracks: null, mostCopies: 0, cueAdds: [],
+                                subtitleFrags: [], initPts: [], playlists: []};
+  // When each cue reached a text track (and the track's mode then), whatever added it.
+  const addCue = TextTrack.prototype.addCue;
+  TextTrack.prototype.addCue = function (cue) {
+    probe.cueAdds.push({id: cue.id, text: cue.text, start: cue.startTime, end: cue.endTime,
+                        mode: this.mode, wallMs: Date.now(), mediaTime: video.currentTime});
+    return addCue.call(this, cue);
+  };
   const hls = new Hls(
       {xhrSetup: (xhr) => xhr.setRequestHeader('Authorization', 'Bearer ' + token)});
   window.hls = hls;
@@ -77,6 +85,21 @@ PLAY_JS = """
   // A page without a stream to play yet tries again, as a viewer reloading it would.
   hls.on(Hls.Events.ERROR, (_, d) => { if (d.fatal && d.details === 'manifestLoadError')
       setTimeout(() => hls.loadSource(src), 1000); });
+  // Each caption window hls.js loaded and parsed, when, and the playhead then.
+  hls.on(Hls.Events.SUBTITLE_FRAG_PROCESSED, (_, d) => probe.subtitleFrags.push(
+      {sn: d.frag.sn, start: d.frag.start, url: d.frag.relurl, success: d.success,
+       wallMs: Date.now(), mediaTime: video.currentTime}));
+  // Each playlist hls.js parsed (main and subtitles), when: a subtitle playlist parsed before
+  // the first main one is not used (hls.js 1.5 aligns it with the main playlist).
+  for (const [event, type] of [[Hls.Events.LEVEL_LOADED, 'main'],
+                               [Hls.Events.SUBTITLE_TRACK_LOADED, 'subtitles']]) {
+    hls.on(event, (_, d) => probe.playlists.push(
+        {type, wallMs: Date.now(), lastSn: d.details.endSN,
+         edge: d.details.edge, mediaTime: video.currentTime}));
+  }
+  hls.on(Hls.Events.INIT_PTS_FOUND, (_, d) => probe.initPts.push(
+      {id: d.id, cc: d.frag.cc, sn: d.frag.sn, initPTS: d.initPTS, timescale: d.timescale,
+       wallMs: Date.now()}));
   hls.on(Hls.Events.FRAG_CHANGED, (_, d) => probe.frags.push(
       {sn: d.frag.sn, cc: d.frag.cc, start: d.frag.start, url: d.frag.relurl}));
   hls.on(Hls.Events.SUBTITLE_TRACKS_UPDATED, (_, d) => { probe.subtitleTracks =

@@ -14,6 +14,13 @@ moments: as the first segment closes, the viewer's request for the master playli
 stream's first read (it starts the segmenting), and 10 s later. A player joining at the start
 plays about a second behind the live edge, so the subtitle playlist must list each caption
 window as soon as the media playlist lists its segment.
+
+hls.js starts playing without waiting for captions, and a subtitle playlist it parses before
+its first media playlist is dropped and asked for again a target duration later (the target
+duration is what the playlists make it: 1 s for 1.033 s segments; rounded up to 2 s, a late
+joiner's first cue had played before its captions came). So the first caption window must be
+parsed within :data:`CAPTIONS_AFTER_FIRST_FRAME_S` of the first frame, and every cue starting
+from the frame then playing must be active in its interval.
 """
 
 from __future__ import annotations
@@ -44,6 +51,12 @@ ACTIVE_MARGIN_S = 0.1
 # a few frames after the playhead (4 frames, 0.13 s, in one run of twenty). A cue may become
 # active this late after its start; from then to its end it must be active on every frame.
 ACTIVE_LATE_S = 0.4
+# hls.js starts playing without waiting for captions: it asks for the subtitle playlist with the
+# media playlist, drops one parsed before the media playlist and asks again a target duration
+# (1 s here) later. The first caption window must be in within this time of the first frame;
+# cues from the frame then playing on must be active in their intervals, earlier ones are not
+# checked (no player had them).
+CAPTIONS_AFTER_FIRST_FRAME_S = 1.5
 
 
 def run_probe(*args: str, package: str = PACKAGES[0]) -> dict[str, Any]:
@@ -159,9 +172,19 @@ def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0,
             continue  # started before the first frame played: hls.js starts it at media time 0
         errors += [cue["start"] - shift - sent["start"], cue["end"] - shift - sent["end"]]
     assert page["mostCopies"] == 1  # a cue in two windows is shown once
+    # hls.js had captions from the first caption window it parsed: soon after its first frame,
+    # and from the frame it was playing then on, every cue must be shown.
+    first_window_ms = min(f["wallMs"] for f in page["subtitleFrags"] if f["success"])
+    first_frame_ms = min(f["wallMs"] for f in frames)
+    assert first_window_ms - first_frame_ms <= CAPTIONS_AFTER_FIRST_FRAME_S * 1e3, (
+        "first caption window parsed long after the first frame", page["playlists"][:4],
+        page["subtitleFrags"][:2], first_window_ms - first_frame_ms)
+    captions_from_s = max((t for f, t in zip(frames, stream_s, strict=True)
+                           if f["wallMs"] <= first_window_ms), default=min(stream_s))
     # Every cue ingested for the stretches of stream time that played reached the text track.
     due = {t for t, c in ingested.items()
-           if any(first <= c["start"] < c["end"] <= last for first, last in sides)}
+           if any(first <= c["start"] < c["end"] <= last for first, last in sides)
+           and c["start"] >= captions_from_s}
     assert len(due) >= 4 and due <= {c["text"] for c in cues}, (sorted(due), cues)
     if gap_s:
         assert any(ingested[t]["start"] >= sides[1][0] for t in due), "no cue after the break"
@@ -178,7 +201,9 @@ def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0,
         assert not outside, (text, outside[:5])
         late.append(min(t for t, on in times if on and t >= sent["start"] - ACTIVE_MARGIN_S)
                     - sent["start"])
-    print(f"\n{len(due)} cues active in their intervals, first active frame "
+    print(f"\nfirst caption window {(first_window_ms - first_frame_ms) / 1e3:+.2f} s from the "
+          f"first frame (stream {min(stream_s):.2f} s; captions from {captions_from_s:.2f} s)")
+    print(f"{len(due)} cues active in their intervals, first active frame "
           f"{min(late) * 1e3:+.0f} to {max(late) * 1e3:+.0f} ms from the cue start")
 
     latency = statistics.median(s["latency"] for s in page["samples"] if not s["paused"])
