@@ -32,7 +32,10 @@ SECOND_NS = 1_000_000_000
 # compressing time as it drained (beeps 0.8 s apart): lip sync is Chromium's, the page only
 # has to carry the stream's sound.
 AUDIO_VS_PICTURE_MS = 400
-BEEP_SPACING_SLACK_S = 0.25
+# Consecutive beeps heard: the next second's beep, none missed and none extra. Starved of CPU,
+# Chromium's jitter buffer compresses or stretches time as it drains or refills (gaps of 0.8
+# and 1.31 s seen with a core busy; 1.00 s idle).
+BEEP_GAP_S = (0.6, 1.5)
 LATENCY_TEXT = re.compile(r"^\d+(\.\d)? (ms|s) behind live$")
 
 
@@ -67,9 +70,8 @@ def check_muted_start(unmute: dict[str, Any]) -> None:
 
 
 def check_one_click_brings_sound(unmute: dict[str, Any]) -> None:
-    """After the click the output carries the stream's beeps: a whole number of seconds apart,
-    the last as far behind the publisher's capture second as the page's picture is behind
-    live."""
+    """After the click the output carries the stream's beeps, one a second, the last as far
+    behind the publisher's capture second as the page's picture is behind live."""
     check_muted_start(unmute)
     # An onset within 300 ms of the click may be the middle of a beep that was playing muted:
     # judged from the next on.
@@ -77,7 +79,7 @@ def check_one_click_brings_sound(unmute: dict[str, Any]) -> None:
              if t - unmute["unmuted"]["from_ns"] > 300_000_000]
     assert len(heard) >= 2, unmute["unmuted"]
     gaps = [(b - a) / 1e9 for a, b in itertools.pairwise(heard)]
-    assert all(abs(g - round(g)) < BEEP_SPACING_SLACK_S and round(g) >= 1 for g in gaps), gaps
+    assert all(BEEP_GAP_S[0] <= g <= BEEP_GAP_S[1] for g in gaps), gaps
     samples = [(t, ms) for t, ms in unmute["picture_latency"] if ms is not None]
     assert samples, unmute["picture_latency"]
     # A beep heard `phase` past a capture second is that second's beep heard phase + k s later;

@@ -266,7 +266,7 @@ def main() -> None:
                 result["webrtc_live_after_s"] = wait_for(
                     page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
                     "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
-                result["webrtc_unmute"] = unmute_check(page, audio, service, 2.2, 3.5)
+                result["webrtc_unmute"] = unmute_check(page, audio, service, 2.2, 4.5)
                 result["webrtc_latency_text"] = snapshot(page)["latency"]
                 result["webrtc_keys"] = keyboard_and_toggles(page)
                 page.screenshot(path=str(SCREENSHOTS / "webrtc-desktop.png"))
@@ -289,7 +289,7 @@ def main() -> None:
                 result["mse_live_after_s"] = wait_for(
                     page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
                     "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
-                result["mse_unmute"] = unmute_check(page, audio, service, 2.2, 3.5)
+                result["mse_unmute"] = unmute_check(page, audio, service, 2.2, 4.5)
                 result["mse_latency_text"] = snapshot(page)["latency"]
                 result["mse_caption_modes"] = track_modes(page)
                 page.screenshot(path=str(SCREENSHOTS / "mse-desktop.png"))
