@@ -51,6 +51,8 @@ ACTIVE_MARGIN_S = 0.1
 # a few frames after the playhead (4 frames, 0.13 s, in one run of twenty). A cue may become
 # active this late after its start; from then to its end it must be active on every frame.
 ACTIVE_LATE_S = 0.4
+# How far ahead of the first frame shown after a break a fragment hls.js skipped may start.
+SKIPPED_AT_BREAK_S = 1.5
 # hls.js starts playing without waiting for captions: it asks for the subtitle playlist with the
 # media playlist, drops one parsed before the media playlist and asks again a target duration
 # (1 s here) later. The first caption window must be in within this time of the first frame;
@@ -147,15 +149,27 @@ def check_cues_on_the_media_timeline(probe: dict[str, Any], gap_s: float = 0.0,
         return next((sh for (first, last), sh in zip(sides, shifts, strict=True)
                      if first - 0.4 <= t <= last + 0.4), None)
 
-    # The fragments hls.js played start where the segments did, on their side's shift.
+    # The fragments hls.js played start where the segments did, on their side's shift. Under
+    # load hls.js may skip the start of the media after a break (its gap controller jumped about
+    # a second there once, with a core busy): a fragment none of whose frames were shown is
+    # judged on the shift of the side that follows it, and there may be one such fragment.
     segments = {int(n): s for n, s in probe["segments"].items()}
     frag_shifts = []
+    skipped = []
     for frag in page["frags"]:
         start_s = segments[int(frag["url"].split(".")[0])]
         side_shift = shift_at(start_s)
-        assert side_shift is not None, (frag, sides)
+        if side_shift is None:
+            following = [(first, sh) for (first, _), sh in zip(sides, shifts, strict=True)
+                         if 0 < first - start_s <= SKIPPED_AT_BREAK_S]
+            assert following, (frag, sides)
+            side_shift = following[0][1]
+            skipped.append(frag)
         frag_shifts.append(frag["start"] - start_s - side_shift)
     assert frag_shifts and max(map(abs, frag_shifts)) <= FRAME_S, frag_shifts
+    assert len(skipped) <= 1, skipped
+    if skipped:
+        print(f"hls.js skipped the frames of fragment {skipped[0]['url']} after the break")
 
     ingested = {c["text"]: c for c in probe["ingested"]}
     assert all(c["status"] == 200 for c in ingested.values())
