@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -24,10 +26,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
-def _hog(limit_s: float) -> None:
+def _hog(limit_s: float, parent: int) -> None:
+    """Busy until ``limit_s`` has passed or the flake-check that started it is gone."""
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
-        pass
+        for _ in range(100_000):
+            pass
+        if os.getppid() != parent:
+            return
 
 
 def _outcomes(report: Path) -> dict[str, tuple[str, float]]:
@@ -58,10 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--runs must be at least 1 and --hogs at least 0")
     if not pytest_args:
         parser.error("name the tests to run (paths or pytest arguments)")
-    hogs = [multiprocessing.Process(target=_hog, args=(args.hog_limit,), daemon=True)
+    hogs = [multiprocessing.Process(target=_hog, args=(args.hog_limit, os.getpid()), daemon=True)
             for _ in range(args.hogs)]
     for hog in hogs:
         hog.start()
+    # Stopped with SIGTERM, end the hogs too (the finally below runs).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     results: dict[str, list[tuple[str, float]]] = defaultdict(list)
     try:
         with tempfile.TemporaryDirectory(prefix="flake-check-") as tmp:
