@@ -1,5 +1,5 @@
 # sfu-sidecar: the service alone. Every setting is an SFU_SIDECAR_* environment variable
-# (README, Configuration); the ones set here suit a container and can be overridden at run time.
+# (docs/configuration.md); the ones set here suit a container and can be overridden at run time.
 
 # Builder: the wheel of this checkout, built the ordinary way (pip runs the build backend the
 # pyproject names, in an isolated environment). The web client (sfu_sidecar/web) is package data,

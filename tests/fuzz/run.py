@@ -10,7 +10,7 @@ Each target runs in its own process (libFuzzer owns the process it fuzzes), star
 target's seeds and its kept cases, with the product's modules instrumented for coverage. A
 target fails when an input makes it raise anything but the product's refusal, exceed
 ``--timeout`` seconds, or grow the process past ``--rss-mb``. The table printed at the end is
-what README's fuzzing figures come from; ``--json`` writes it for tools.
+what the fuzzing figures in docs/security.md come from; ``--json`` writes it for tools.
 """
 
 from __future__ import annotations

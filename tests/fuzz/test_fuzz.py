@@ -1,9 +1,9 @@
 """Every fuzz target, bounded: its seeds and kept cases replayed, then coverage-guided inputs.
 
 The long mode (``python -m tests.fuzz.run``, 100000 inputs per target) is for local runs; the
-figures of its last run are in README. Here each target gets ``FUZZ_RUNS`` inputs (default
-2000) in a child process under libFuzzer, and every input that ever broke a target, kept in
-``tests/fuzz/cases/<target>/``, must now pass in this process.
+figures of its last run are in docs/security.md (Fuzzing). Here each target gets ``FUZZ_RUNS``
+inputs (default 2000) in a child process under libFuzzer, and every input that ever broke a
+target, kept in ``tests/fuzz/cases/<target>/``, must now pass in this process.
 """
 
 from __future__ import annotations
