@@ -66,8 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_settings(serve)
     serve.add_argument(
         "--workers", type=_positive, default=None, metavar="N",
-        help="run N relay processes behind this one port (one per core; see README "
-        "'Workers')",
+        help="run N relay processes behind this one port (one per core; see "
+        "docs/deployment.md, 'Workers')",
     )
 
     demo = sub.add_parser(

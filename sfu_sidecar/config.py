@@ -1,8 +1,8 @@
 """Settings: one typed object, fed by CLI flags, ``SFU_SIDECAR_*`` variables and a TOML file.
 
 Precedence is flag > environment > file > default. Every setting is declared once, as a field of
-:class:`Settings`; the CLI flags, the environment names, the TOML keys and the README table are all
-derived from that declaration, so they cannot drift apart.
+:class:`Settings`; the CLI flags, the environment names, the TOML keys and the table in
+docs/configuration.md are all derived from that declaration, so they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -679,7 +679,7 @@ def load_settings(
 
 
 def settings_table_markdown() -> str:
-    """The README configuration table, derived from :class:`Settings`."""
+    """The configuration table of docs/configuration.md, derived from :class:`Settings`."""
     rows = [
         "| setting (TOML key) | flag | environment | default | meaning |",
         "|---|---|---|---|---|",

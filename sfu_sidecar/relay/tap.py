@@ -51,7 +51,7 @@ DEFAULT_H264_PROFILE = "42e01f"
 # buffer that keeps 144 bytes for the trailer (pylibsrtp), and each copy carries the header
 # extensions the relay writes in place of the sender's: a larger payload could reach no viewer,
 # so it is dropped and counted here. 1300 bytes is what WebRTC stacks send (aiortc's VP8
-# packetizer, browsers' 1200-1300); plain senders are told to keep to it (README).
+# packetizer, browsers' 1200-1300); plain senders are told to keep to it (docs/deployment.md).
 MAX_PAYLOAD_BYTES = 1300
 PAIR_ATTEMPTS = 16  # adjacent port pairs tried outside a configured range before any two
 RETRY_AFTER_S = "5"
