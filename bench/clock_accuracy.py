@@ -193,9 +193,10 @@ def run_ptp(seconds: float, offset_ns: int, work: Path) -> dict[str, list[float]
 def run_browser(joins: int, work: Path) -> list[float]:
     from playwright.sync_api import sync_playwright
 
-    from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS
     from tests.interop.conftest import ThreadedApp, free_udp_pair
     from tests.interop.ptpnet import Chrony
+    from tests.support.chromium import ARGS as CHROMIUM_ARGS
+    from tests.support.chromium import BROWSER_LOCK, CHROMIUM
 
     chrony = Chrony(work, free_udp_pair(), 0.25)
     app = None

@@ -78,7 +78,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BENCH_LOCK = Path("/tmp/sfu-sidecar-bench.lock")
-BROWSER_LOCK = Path("/tmp/sfu-sidecar-browser.lock")
+BROWSER_LOCK = Path("/tmp/sfu-sidecar-browser.lock")  # the lock tests/support/chromium.py takes
 LOOPBACK = ("127.0.0.1",)
 STREAM = "latency"
 FIRST_FRAME_TIMEOUT_MS = 40_000
@@ -321,7 +321,7 @@ def rerun_in_loopback_namespace() -> int:
 
 
 def chromium_args() -> list[str]:
-    from tests.conftest import CHROMIUM_ARGS
+    from tests.support.chromium import ARGS as CHROMIUM_ARGS
 
     return list(CHROMIUM_ARGS)
 
@@ -552,7 +552,7 @@ def main() -> int:
     durations = [float(d) for d in ns.segment_durations.split(",")]
     from playwright.sync_api import sync_playwright
 
-    from tests.conftest import CHROMIUM
+    from tests.support.chromium import CHROMIUM
 
     phases = []
     with locks(BENCH_LOCK, BROWSER_LOCK), sync_playwright() as pw:

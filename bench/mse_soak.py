@@ -157,7 +157,7 @@ def main() -> int:
     from playwright.sync_api import sync_playwright
 
     from sfu_sidecar.config import load_settings
-    from tests.conftest import CHROMIUM
+    from tests.support.chromium import CHROMIUM
 
     window = load_settings({}).segment_window
     with locks(BENCH_LOCK, BROWSER_LOCK):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import socket
@@ -15,13 +14,13 @@ from typing import Any
 
 import pytest
 
+from tests.support import chromium
+from tests.support.chromium import CHROMIUM
+
 # Every test's tier (unit, integration, system) and the guard that keeps unit tests pure.
-pytest_plugins = ["tests.support.tiers"]
+pytest_plugins = ["tests.support.tiers", "tests.support.lanes"]
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# One browser at a time on this machine (2 cores): every browser user takes this lock.
-BROWSER_LOCK = Path("/tmp/sfu-sidecar-browser.lock")
 # simple-whip-server, a WHIP server on Janus: Debian's package installed, or unpacked into
 # .cache by scripts/test where the package cannot be installed (it depends on Debian's nodejs,
 # which conflicts with NodeSource's); its node modules are pinned in package.json.
@@ -31,20 +30,6 @@ SIMPLE_WHIP_SERVER = next(
     ROOT / ".cache/simple-whip-server/usr/share/simple-whip-server/src/server.js",
 )
 
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-quic",
-    "--no-first-run",
-    "--use-fake-ui-for-media-stream",
-    "--use-fake-device-for-media-stream",
-    "--allow-loopback-in-peer-connection",
-    "--disable-features=WebRtcHideLocalIpsWithMdns",
-    "--autoplay-policy=no-user-gesture-required",
-]
 
 
 # Debian package of each tool the suite drives, for the message that names what to install.
@@ -189,28 +174,22 @@ def server_factory(tmp_path: Path) -> Iterator[object]:
         server.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[object]:
-    """One headless Chromium for the session, held under a machine-wide lock."""
-    require(CHROMIUM)
-    from playwright.sync_api import sync_playwright
+    """One headless Chromium for a module's tests, held under the machine-wide browser lock.
 
-    BROWSER_LOCK.touch(exist_ok=True)
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-            try:
-                yield b
-            finally:
-                b.close()
+    Per module, not per session: the lock is released between modules for the probes of other
+    processes, and Playwright's event loop (below) ends with the module."""
+    require(CHROMIUM)
+    with chromium.browser() as b:
+        yield b
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run tests that use the session ``browser`` last.
+    """Run tests that use the ``browser`` fixture last.
 
     Playwright's sync API leaves its event loop marked as running in the main thread for as long
-    as the session browser lives, so any asyncio test scheduled after the first browser test
+    as the browser lives, so an asyncio test scheduled between two browser tests of a module
     fails with "cannot be called from a running event loop". Order within each group is kept.
     """
     uses = [item for item in items if "browser" in getattr(item, "fixturenames", ())]

@@ -14,12 +14,10 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import sys
 import time
 import tomllib
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ import yaml
 
 from sfu_sidecar.config import ENV_PREFIX, env_name, load_settings, setting_fields
 from tests.conftest import free_port
+from tests.support import janus
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"
@@ -325,35 +324,11 @@ def test_janus_configuration_loads_only_the_http_api_videoroom_and_streaming(
 ) -> None:
     # The image's config, with the HTTP port moved to a free one (tests share the machine).
     port = free_port()
-    for f in JANUS_DIR.glob("*.jcfg"):
-        (tmp_path / f.name).write_text(f.read_text().replace("port = 8088", f"port = {port}"))
-    log = (tmp_path / "janus.log").open("wb")
-    proc = subprocess.Popen(
-        ["janus", f"--config={tmp_path / 'janus.jcfg'}", f"--configs-folder={tmp_path}"],
-        stdout=log, stderr=subprocess.STDOUT,
-    )
-    try:
-        info: dict[str, Any] | None = None
-        deadline = time.monotonic() + 30
-        while info is None and time.monotonic() < deadline:
-            assert proc.poll() is None, (tmp_path / "janus.log").read_text()
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/janus/info",
-                                            timeout=2) as resp:
-                    info = json.loads(resp.read())
-            except OSError:
-                time.sleep(0.2)
-        assert info is not None, "Janus never answered its HTTP API"
-        assert sorted(info["plugins"]) == ["janus.plugin.streaming", "janus.plugin.videoroom"]
-        assert sorted(info["transports"]) == ["janus.transport.http"]
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
+    janus.write_config(tmp_path, port, interface=None)
+    with janus.running(tmp_path) as proc:
+        info = janus.wait_info(port, proc)
+    assert sorted(info["plugins"]) == ["janus.plugin.streaming", "janus.plugin.videoroom"]
+    assert sorted(info["transports"]) == ["janus.transport.http"]
 
 
 @pytest.mark.needs("ptp4l")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
 import sys
 import time
@@ -23,9 +22,9 @@ from typing import Any
 
 import aiohttp
 
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS
 from tests.e2e.harness import FRAME_NUMBER_JS
 from tests.e2e.sync_viewer_probe import Service
+from tests.support import chromium
 
 CUE_S = 0.4
 GAP_S = 0.25
@@ -125,47 +124,42 @@ def main() -> None:
     service.thread.start()
     if not service.ready.wait(20):
         raise SystemExit("service did not start")
-    from playwright.sync_api import sync_playwright
 
     base = f"http://127.0.0.1:{service.port}"
     run = lambda coro: asyncio.run_coroutine_threadsafe(coro, service.loop).result(timeout=10)  # noqa: E731
     result: dict[str, Any] = {"joined": service.joined is not None}
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page()
-            # The page's own errors go to stderr, where the test shows them on failure.
-            page.on("console", lambda m: print("page:", m.type, m.text, file=sys.stderr))
-            page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
-            # The test page lives on the sidecar's origin, loaded from it (/healthz) and then
-            # rewritten: Chromium's local network access checks refuse the clock WebSocket to a
-            # document that did not come from the loopback address itself.
-            page.goto(base + "/healthz")
-            page.set_content(PAGE_HTML)
-            page.wait_for_function("() => window.startProbe !== undefined", timeout=20000)
-            # Cue times are taken now, once the browser is ours (another user of the lock may
-            # have kept us waiting).
-            first = time.time_ns() + round(LEAD_S * 1e9)
-            before = make_cues(first, 0, CUES_BEFORE, "a")
-            after = make_cues(first, CUES_BEFORE, CUES - CUES_BEFORE, "b")
-            result["ingest"] = [run(post_cues(service.port, before))]
-            result["start"] = page.evaluate("(abs) => window.startProbe(abs)", not args.no_abs)
-            page.wait_for_function("() => window.probe.frames.length >= 5", timeout=30000)
-            # These cues reach the page only through its live follow of the feed (polled since
-            # attach(), which came before the frames).
-            result["ingest"].append(run(post_cues(service.port, after)))
-            end_s = (after[-1]["end"] - time.time_ns()) / 1e9 + 1.0
-            time.sleep(max(end_s, 0.0))
-            result["frames"] = page.evaluate("() => window.probe.frames")
-            result["stats"] = page.evaluate(STATS_JS)
-            result["track_mode"] = page.evaluate("() => window.probe.handle.track.mode")
-            page.evaluate("() => window.probe.handle.detach()")
-            # A disabled track lists no cues at all: read its mode, then count what detach() left.
-            result["after_detach"] = page.evaluate(
-                "() => { const t = window.probe.handle.track; const mode = t.mode;"
-                " t.mode = 'hidden'; return {mode, cues: t.cues.length}; }")
-            browser.close()
+    with chromium.browser() as browser:
+        page = browser.new_page()
+        # The page's own errors go to stderr, where the test shows them on failure.
+        page.on("console", lambda m: print("page:", m.type, m.text, file=sys.stderr))
+        page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
+        # The test page lives on the sidecar's origin, loaded from it (/healthz) and then
+        # rewritten: Chromium's local network access checks refuse the clock WebSocket to a
+        # document that did not come from the loopback address itself.
+        page.goto(base + "/healthz")
+        page.set_content(PAGE_HTML)
+        page.wait_for_function("() => window.startProbe !== undefined", timeout=20000)
+        # Cue times are taken now, once the browser is ours (another user of the lock may
+        # have kept us waiting).
+        first = time.time_ns() + round(LEAD_S * 1e9)
+        before = make_cues(first, 0, CUES_BEFORE, "a")
+        after = make_cues(first, CUES_BEFORE, CUES - CUES_BEFORE, "b")
+        result["ingest"] = [run(post_cues(service.port, before))]
+        result["start"] = page.evaluate("(abs) => window.startProbe(abs)", not args.no_abs)
+        page.wait_for_function("() => window.probe.frames.length >= 5", timeout=30000)
+        # These cues reach the page only through its live follow of the feed (polled since
+        # attach(), which came before the frames).
+        result["ingest"].append(run(post_cues(service.port, after)))
+        end_s = (after[-1]["end"] - time.time_ns()) / 1e9 + 1.0
+        time.sleep(max(end_s, 0.0))
+        result["frames"] = page.evaluate("() => window.probe.frames")
+        result["stats"] = page.evaluate(STATS_JS)
+        result["track_mode"] = page.evaluate("() => window.probe.handle.track.mode")
+        page.evaluate("() => window.probe.handle.detach()")
+        # A disabled track lists no cues at all: read its mode, then count what detach() left.
+        result["after_detach"] = page.evaluate(
+            "() => { const t = window.probe.handle.track; const mode = t.mode;"
+            " t.mode = 'hidden'; return {mode, cues: t.cues.length}; }")
     assert service.video is not None
     result["cues"] = before + after
     result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}

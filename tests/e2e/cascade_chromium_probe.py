@@ -20,7 +20,6 @@ line.
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import queue
 import sys
@@ -35,8 +34,9 @@ from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.conftest import IN_PROCESS, free_port
 from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
+from tests.support import chromium
 
 # The page answers an offer: as a WHIP endpoint it receives (and shows the video), as a WHEP
 # server it sends its fake camera.
@@ -239,21 +239,12 @@ def main() -> int:
     service.thread.start()
     if not service.ready.wait(20):
         raise SystemExit("service did not start")
-    from playwright.sync_api import sync_playwright
 
-    BROWSER_LOCK.touch(exist_ok=True)
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
-                                         headless=True)
-            try:
-                page = browser.new_page()
-                page.goto(f"http://127.0.0.1:{service.port}/healthz")
-                page.evaluate(FRAME_NUMBER_JS)
-                result = run_push(service, page) if mode == "push" else run_pull(service, page)
-            finally:
-                browser.close()
+    with chromium.browser() as browser:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{service.port}/healthz")
+        page.evaluate(FRAME_NUMBER_JS)
+        result = run_push(service, page) if mode == "push" else run_pull(service, page)
     service.stop()
     print(json.dumps(result))
     return 0

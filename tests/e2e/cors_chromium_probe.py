@@ -8,7 +8,6 @@ pages import the clients' own ES module files, unchanged. Prints one JSON line.
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import re
@@ -22,13 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import (
-    BROWSER_LOCK,
-    CHROMIUM,
-    CHROMIUM_ARGS,
     ROOT,
     ServerProcess,
     free_port,
 )
+from tests.support import chromium
 
 CLIENTS = ROOT / "node_modules" / "whip-whep"
 PUBLISH_TOKEN = "pub-5ecret"
@@ -142,7 +139,6 @@ def _refused_preflights(base: str) -> float:
 
 
 def main() -> int:
-    from playwright.sync_api import sync_playwright
 
     work = Path(tempfile.mkdtemp(prefix="cors-probe-"))
     (work / "site" / "whip-whep").mkdir(parents=True)
@@ -162,34 +158,25 @@ def main() -> int:
     try:
         for server in servers:
             server.wait_ready()
-        BROWSER_LOCK.touch(exist_ok=True)
-        with BROWSER_LOCK.open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(
-                    executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-                )
+        with chromium.browser() as browser:
+            runs = {
+                "open": (allowed, open_server, {}),
+                "token": (allowed, token_server, {
+                    "token": PUBLISH_TOKEN, "viewToken": VIEW_TOKEN,
+                    "wrongToken": "wrong"}),
+                "refused": (refused, open_server, {}),
+            }
+            for name, (origin, server, tokens) in runs.items():
+                page = browser.new_page()
                 try:
-                    runs = {
-                        "open": (allowed, open_server, {}),
-                        "token": (allowed, token_server, {
-                            "token": PUBLISH_TOKEN, "viewToken": VIEW_TOKEN,
-                            "wrongToken": "wrong"}),
-                        "refused": (refused, open_server, {}),
-                    }
-                    for name, (origin, server, tokens) in runs.items():
-                        page = browser.new_page()
-                        try:
-                            page.goto(origin + "/index.html")
-                            args = {"base": server.base, "stream": f"cors-{name}", **tokens}
-                            seen = page.evaluate(RUN_JS, args)
-                        finally:
-                            page.close()
-                        seen["after"] = _get_json(server.base + "/api/streams")
-                        seen["refused_preflights"] = _refused_preflights(server.base)
-                        result[name] = seen
+                    page.goto(origin + "/index.html")
+                    args = {"base": server.base, "stream": f"cors-{name}", **tokens}
+                    seen = page.evaluate(RUN_JS, args)
                 finally:
-                    browser.close()
+                    page.close()
+                seen["after"] = _get_json(server.base + "/api/streams")
+                seen["refused_preflights"] = _refused_preflights(server.base)
+                result[name] = seen
     finally:
         for server in servers:
             server.stop()

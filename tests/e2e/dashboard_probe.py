@@ -11,7 +11,6 @@ Prints one JSON line: what the dashboard showed, when, and where its screenshots
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import sys
 import tempfile
@@ -30,8 +29,9 @@ from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.demo import LANG, STREAM, caption_for_second
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.conftest import IN_PROCESS, free_port
 from tests.e2e.harness import LoopThread
+from tests.support import chromium
 
 # While stalling, frames are held and let go a second's worth at a time: the frame-interval
 # RMS then sits far above the 112 ms alert line.
@@ -164,47 +164,42 @@ def main() -> None:
     if not service.ready.wait(30):
         raise SystemExit("service did not start")
     base = f"http://127.0.0.1:{service.port}"
-    from playwright.sync_api import sync_playwright
 
     result: dict[str, Any] = {}
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            viewer = browser.new_page()
-            viewer.goto(f"{base}/?stream={STREAM}")
-            dashboard = browser.new_page(viewport={"width": 1440, "height": 900})
-            dashboard.goto(f"{base}/dashboard")
-            # Live plots: the publisher's figures, and the viewer's playout reports.
-            result["warm_up_s"] = wait(
-                dashboard, "plots with data",
-                "s.points >= 8 && s.plots.jitter['frame interval (RMS)'] >= 5"
-                " && s.plots.skew['viewers (median)'] >= 2 && s.plots.drift.video >= 3"
-                " && s.captionBars.reduce((a, b) => a + b, 0) >= 1",
-                STREAM, WARM_UP_S)
-            result["before"] = dashboard.evaluate(STATE_JS, STREAM)
-            service.stall(STALL_FRAMES)
-            result["raised_after_s"] = wait(
-                dashboard, "the frame jitter alert",
-                "s.alerts.includes('frame_jitter')", STREAM, ALERT_WAIT_S)
-            time.sleep(2.5)  # let the plots show the episode
-            shot = out_dir / "dashboard-alert.png"
-            dashboard.screenshot(path=str(shot), full_page=True)
-            result["screenshot_alert"] = str(shot)
-            result["during"] = dashboard.evaluate(STATE_JS, STREAM)
-            service.stall(0)
-            result["cleared_after_s"] = wait(
-                dashboard, "the frame jitter alert to clear",
-                "!s.alerts.includes('frame_jitter') && s.events.some("
-                "([a, st]) => a === 'frame_jitter' && st === 'cleared')",
-                STREAM, CLEAR_WAIT_S)
-            shot = out_dir / "dashboard-cleared.png"
-            dashboard.screenshot(path=str(shot), full_page=True)
-            result["screenshot_cleared"] = str(shot)
-            result["after"] = dashboard.evaluate(STATE_JS, STREAM)
-            with urllib.request.urlopen(f"{base}/api/alerts") as resp:
-                result["api_alerts"] = json.loads(resp.read())
-            browser.close()
+    with chromium.browser() as browser:
+        viewer = browser.new_page()
+        viewer.goto(f"{base}/?stream={STREAM}")
+        dashboard = browser.new_page(viewport={"width": 1440, "height": 900})
+        dashboard.goto(f"{base}/dashboard")
+        # Live plots: the publisher's figures, and the viewer's playout reports.
+        result["warm_up_s"] = wait(
+            dashboard, "plots with data",
+            "s.points >= 8 && s.plots.jitter['frame interval (RMS)'] >= 5"
+            " && s.plots.skew['viewers (median)'] >= 2 && s.plots.drift.video >= 3"
+            " && s.captionBars.reduce((a, b) => a + b, 0) >= 1",
+            STREAM, WARM_UP_S)
+        result["before"] = dashboard.evaluate(STATE_JS, STREAM)
+        service.stall(STALL_FRAMES)
+        result["raised_after_s"] = wait(
+            dashboard, "the frame jitter alert",
+            "s.alerts.includes('frame_jitter')", STREAM, ALERT_WAIT_S)
+        time.sleep(2.5)  # let the plots show the episode
+        shot = out_dir / "dashboard-alert.png"
+        dashboard.screenshot(path=str(shot), full_page=True)
+        result["screenshot_alert"] = str(shot)
+        result["during"] = dashboard.evaluate(STATE_JS, STREAM)
+        service.stall(0)
+        result["cleared_after_s"] = wait(
+            dashboard, "the frame jitter alert to clear",
+            "!s.alerts.includes('frame_jitter') && s.events.some("
+            "([a, st]) => a === 'frame_jitter' && st === 'cleared')",
+            STREAM, CLEAR_WAIT_S)
+        shot = out_dir / "dashboard-cleared.png"
+        dashboard.screenshot(path=str(shot), full_page=True)
+        result["screenshot_cleared"] = str(shot)
+        result["after"] = dashboard.evaluate(STATE_JS, STREAM)
+        with urllib.request.urlopen(f"{base}/api/alerts") as resp:
+            result["api_alerts"] = json.loads(resp.read())
     service.stop()
     print(json.dumps(result))
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
 import tempfile
 import time
@@ -40,8 +39,9 @@ from aiohttp import web
 
 from sfu_sidecar.app import SERVICES_KEY, Components, build_app
 from sfu_sidecar.config import load_settings
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, ROOT, free_port
+from tests.conftest import IN_PROCESS, ROOT, free_port
 from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread
+from tests.support import chromium
 
 STREAM = "hls"
 TOKEN = "e2e-view"
@@ -285,43 +285,35 @@ def main() -> None:
             time.sleep(0.25)
     elif args.join == "late":
         service.call(service.read_segments())
-    from playwright.sync_api import sync_playwright
 
-    BROWSER_LOCK.touch(exist_ok=True)
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = browser.new_page()
-                page.goto(f"{service.base}/healthz")  # an origin for the page; any would do
-                page.add_script_tag(path=str(hls_js(args.package)))
-                result["hls_version"] = page.evaluate("() => Hls.version")
-                if args.join == "start":
-                    # Captions have begun (the master names the languages it has cues in);
-                    # the viewer's request for the master playlist is the stream's first read.
-                    while not service.cues:
-                        time.sleep(0.05)
-                    assert not service.segmenting(), "segmenting started before the player"
-                elif args.join == "late":
-                    while service.first_closed is None:
-                        time.sleep(0.05)
-                    time.sleep(max(0.0, service.first_closed + LATE_JOIN_S - time.time()))
-                page.evaluate(PLAY_JS, {"src": f"{media}/master.m3u8", "token": TOKEN})
-                if gap:
-                    time.sleep(watch_s / 2)
-                    service.call(service.broadcaster.leave())
-                    time.sleep(gap)
-                    service.call(service.broadcaster.come_back())
-                    # hls.js plays a target latency behind: the break must reach the screen.
-                    time.sleep(watch_s)
-                else:
-                    time.sleep(watch_s)
-                result["page"] = page.evaluate(
-                    "() => ({...window.probe, cues: Object.values(window.probe.cues)})")
-                result["resources"] = page.evaluate(RESOURCES_JS)
-            finally:
-                browser.close()
+    with chromium.browser() as browser:
+        page = browser.new_page()
+        page.goto(f"{service.base}/healthz")  # an origin for the page; any would do
+        page.add_script_tag(path=str(hls_js(args.package)))
+        result["hls_version"] = page.evaluate("() => Hls.version")
+        if args.join == "start":
+            # Captions have begun (the master names the languages it has cues in);
+            # the viewer's request for the master playlist is the stream's first read.
+            while not service.cues:
+                time.sleep(0.05)
+            assert not service.segmenting(), "segmenting started before the player"
+        elif args.join == "late":
+            while service.first_closed is None:
+                time.sleep(0.05)
+            time.sleep(max(0.0, service.first_closed + LATE_JOIN_S - time.time()))
+        page.evaluate(PLAY_JS, {"src": f"{media}/master.m3u8", "token": TOKEN})
+        if gap:
+            time.sleep(watch_s / 2)
+            service.call(service.broadcaster.leave())
+            time.sleep(gap)
+            service.call(service.broadcaster.come_back())
+            # hls.js plays a target latency behind: the break must reach the screen.
+            time.sleep(watch_s)
+        else:
+            time.sleep(watch_s)
+        result["page"] = page.evaluate(
+            "() => ({...window.probe, cues: Object.values(window.probe.cues)})")
+        result["resources"] = page.evaluate(RESOURCES_JS)
     capture_log = service.broadcaster.video.capture_log
     result["capture_log"] = {str(n): ns for n, ns in capture_log.items()}
     result["ingested"] = service.cues

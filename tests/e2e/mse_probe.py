@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fcntl
 import json
 import sys
 import tempfile
@@ -32,8 +31,9 @@ from aiohttp import web
 
 from sfu_sidecar.app import build_app
 from sfu_sidecar.config import load_settings
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.conftest import IN_PROCESS, free_port
 from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread
+from tests.support import chromium
 
 STREAM = "mse"
 CUE_EVERY_S = 2.0
@@ -224,57 +224,51 @@ def main() -> None:
     service.call(proxy.start())
     service.extra_runners.append(proxy.runner)
     total_s = args.watch * (2 if args.gap or args.drift or args.corrupt else 1) + args.gap + 10
-    from playwright.sync_api import sync_playwright
-
     result: dict[str, Any] = {"codec": args.codec, "gap_s": args.gap, "drift_s": args.drift}
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with chromium.browser() as browser:
         # Cues from now on, once the browser is ours: a wait for the lock must not let the
         # times they are for pass before the page plays.
         result["cues"] = service.call(service.post_cues(time.time_ns() + 1_000_000_000,
                                                         int(total_s / CUE_EVERY_S) + 1))
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page()
-            page.on("console", lambda m: print("page:", m.text, file=sys.stderr))
-            page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
-            page.goto(f"{proxy.base}/?stream={STREAM}&mode=mse&latency={args.latency}")
-            page.wait_for_function("() => window.sfuViewer?.player !== undefined", timeout=10000)
-            page.evaluate(RECORD_JS)
-            try:
-                page.wait_for_function("() => window.probeFrames.length > 0", timeout=30000)
-            except Exception:
-                print("no frame presented:", page.evaluate(STATE_JS), file=sys.stderr)
-                raise
-            started = page.evaluate("() => document.getElementById('video').currentTime")
+        page = browser.new_page()
+        page.on("console", lambda m: print("page:", m.text, file=sys.stderr))
+        page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
+        page.goto(f"{proxy.base}/?stream={STREAM}&mode=mse&latency={args.latency}")
+        page.wait_for_function("() => window.sfuViewer?.player !== undefined", timeout=10000)
+        page.evaluate(RECORD_JS)
+        try:
+            page.wait_for_function("() => window.probeFrames.length > 0", timeout=30000)
+        except Exception:
+            print("no frame presented:", page.evaluate(STATE_JS), file=sys.stderr)
+            raise
+        started = page.evaluate("() => document.getElementById('video').currentTime")
+        time.sleep(args.watch)
+        if args.gap:
+            result["before_gap"] = page.evaluate("() => window.sidecarStats")
+            service.call(service.leave())
+            time.sleep(args.gap)
+            service.call(service.come_back())
+            result["back_wall_ms"] = time.time_ns() // 1_000_000
             time.sleep(args.watch)
-            if args.gap:
-                result["before_gap"] = page.evaluate("() => window.sidecarStats")
-                service.call(service.leave())
-                time.sleep(args.gap)
-                service.call(service.come_back())
-                result["back_wall_ms"] = time.time_ns() // 1_000_000
-                time.sleep(args.watch)
-            if args.drift:
-                result["before_drift"] = page.evaluate("() => window.sidecarStats")
-                epoch = service.call(service.epoch())
-                proxy.drift_from_s = (time.time_ns() - epoch) / 1e9 + 0.5
-                result["drift_from_s"] = proxy.drift_from_s
-                time.sleep(args.watch)
-            if args.corrupt:
-                result["before_corrupt"] = page.evaluate("() => window.sidecarStats")
-                proxy.corrupt_next = True
-                time.sleep(args.watch)
-                result["corrupted"] = proxy.corrupted
-            result["stats"] = page.evaluate("() => window.sidecarStats")
-            result["current_time"] = [started, page.evaluate(
-                "() => document.getElementById('video').currentTime")]
-            result["frames"] = page.evaluate("() => window.probeFrames")
-            result["panel"] = page.evaluate("() => document.getElementById('resyncs').textContent")
-            result["tracks"] = page.evaluate(
-                "() => [...document.getElementById('video').textTracks].map("
-                "t => ({kind: t.kind, language: t.language, mode: t.mode, cues: t.cues.length}))")
-            browser.close()
+        if args.drift:
+            result["before_drift"] = page.evaluate("() => window.sidecarStats")
+            epoch = service.call(service.epoch())
+            proxy.drift_from_s = (time.time_ns() - epoch) / 1e9 + 0.5
+            result["drift_from_s"] = proxy.drift_from_s
+            time.sleep(args.watch)
+        if args.corrupt:
+            result["before_corrupt"] = page.evaluate("() => window.sidecarStats")
+            proxy.corrupt_next = True
+            time.sleep(args.watch)
+            result["corrupted"] = proxy.corrupted
+        result["stats"] = page.evaluate("() => window.sidecarStats")
+        result["current_time"] = [started, page.evaluate(
+            "() => document.getElementById('video').currentTime")]
+        result["frames"] = page.evaluate("() => window.probeFrames")
+        result["panel"] = page.evaluate("() => document.getElementById('resyncs').textContent")
+        result["tracks"] = page.evaluate(
+            "() => [...document.getElementById('video').textTracks].map("
+            "t => ({kind: t.kind, language: t.language, mode: t.mode, cues: t.cues.length}))")
     result["epoch_ns"] = service.call(service.epoch())
     capture_log = service.broadcaster.video.capture_log
     result["capture_log"] = {str(n): ns for n, ns in capture_log.items()}

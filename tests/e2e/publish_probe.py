@@ -16,7 +16,6 @@ Prints one JSON line: what the page showed, and what the service saw at each ste
 
 from __future__ import annotations
 
-import fcntl
 import json
 import subprocess
 import sys
@@ -34,9 +33,10 @@ from sfu_sidecar.app import build_app, build_components
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.segments.vp9 import Vp9Depacketizer
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.conftest import IN_PROCESS, free_port
 from tests.e2e.harness import LoopThread
 from tests.relay.peers import frames, view, wait_for
+from tests.support import chromium
 
 TOKEN = "page-probe-token"
 CODECS = ("vp8", "vp9", "h264")
@@ -481,7 +481,6 @@ STEPS = ("wrong_token", *CODECS, "token_refused", "broadcaster")
 
 
 def main() -> None:
-    from playwright.sync_api import sync_playwright
 
     # Steps named on the command line run alone (to repeat one); by default all of them.
     steps = sys.argv[1:] or list(STEPS)
@@ -494,30 +493,22 @@ def main() -> None:
         service.thread.start()
         if not service.ready.wait(20):
             raise SystemExit("service did not start")
-        BROWSER_LOCK.touch(exist_ok=True)
-        with BROWSER_LOCK.open("w") as lock:
-            waited = time.monotonic()
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        launch = chromium.Launch()
+        with chromium.browser(launch=launch) as browser:
             began = time.monotonic()
-            result["lock_wait_s"] = round(began - waited, 1)
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                try:
-                    page = browser.new_page()
-                    page.on("console", lambda m: print("page:", m.type, m.text, file=sys.stderr))
-                    page.on("pageerror", lambda e: print("page error:", e, file=sys.stderr))
-                    for step in steps:
-                        if step == "wrong_token":
-                            result[step] = wrong_token(page, service)
-                        elif step in CODECS:
-                            result[step] = publish_one(page, service, step)
-                        elif step == "token_refused":
-                            result[step] = token_refused(page, service)
-                        else:
-                            result[step] = broadcaster(page, service)
-                finally:
-                    browser.close()
-            result["browser_s"] = round(time.monotonic() - began, 1)
+            result["lock_wait_s"] = launch.lock_wait_s
+            page = browser.new_page()
+            chromium.forward_console(page)
+            for step in steps:
+                if step == "wrong_token":
+                    result[step] = wrong_token(page, service)
+                elif step in CODECS:
+                    result[step] = publish_one(page, service, step)
+                elif step == "token_refused":
+                    result[step] = token_refused(page, service)
+                else:
+                    result[step] = broadcaster(page, service)
+        result["browser_s"] = round(time.monotonic() - began, 1)
         service.stop()
     print(json.dumps(result))
 

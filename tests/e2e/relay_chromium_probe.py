@@ -7,7 +7,6 @@ candidate either side can use is loopback. Prints one JSON line with what the vi
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import sys
 import threading
@@ -19,7 +18,8 @@ from sfu_sidecar.app import Components, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay import RelayService
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.conftest import IN_PROCESS, free_port
+from tests.support import chromium
 
 PUBLISH_JS = """
 async (base) => {
@@ -108,7 +108,6 @@ def _serve(port: int, ready: threading.Event, stop: list[Any], out: dict[str, An
 
 
 def main() -> int:
-    from playwright.sync_api import sync_playwright
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -121,22 +120,13 @@ def main() -> int:
         print(json.dumps({"error": "relay did not start"}))
         return 1
     result: dict[str, Any] = {}
-    BROWSER_LOCK.touch(exist_ok=True)
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True
-            )
-            try:
-                publisher = browser.new_page()
-                publisher.goto(base + "/healthz")  # same origin as the WHIP endpoint
-                result["publish"] = publisher.evaluate(PUBLISH_JS, base)
-                viewer = browser.new_page()
-                viewer.goto(base + "/healthz")
-                result["view"] = viewer.evaluate(VIEW_JS, base)
-            finally:
-                browser.close()
+    with chromium.browser() as browser:
+        publisher = browser.new_page()
+        publisher.goto(base + "/healthz")  # same origin as the WHIP endpoint
+        result["publish"] = publisher.evaluate(PUBLISH_JS, base)
+        viewer = browser.new_page()
+        viewer.goto(base + "/healthz")
+        result["view"] = viewer.evaluate(VIEW_JS, base)
     loop, done = stop[0]
     loop.call_soon_threadsafe(done.set)
     thread.join(10)

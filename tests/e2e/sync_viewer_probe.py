@@ -10,7 +10,6 @@ Prints one JSON line: the frames, and the publisher's true capture time of each 
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import sys
 import tempfile
@@ -24,8 +23,9 @@ from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, free_port
+from tests.conftest import IN_PROCESS, free_port
 from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
+from tests.support import chromium
 
 WATCH_S = 6.0
 CUE_TEXT = "caption on capture time"
@@ -133,34 +133,29 @@ def main() -> None:
     service.thread.start()
     if not service.ready.wait(20):
         raise SystemExit("service did not start")
-    from playwright.sync_api import sync_playwright
 
     result: dict[str, Any] = {"joined": service.joined is not None}
-    with BROWSER_LOCK.open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            page = browser.new_page()
-            page.goto(f"http://127.0.0.1:{service.port}/?stream=e2e")
-            page.wait_for_function("() => window.sfuViewer !== undefined", timeout=10000)
-            page.evaluate(RECORD_JS)
-            # A cue for the frames captured 1.5 s to 3 s from now: the page must show it
-            # exactly while those frames are on screen.
-            now = time.time_ns()
-            cue = (now + 1_500_000_000, now + 3_000_000_000)
-            status = asyncio.run_coroutine_threadsafe(
-                service.post_cue(*cue, CUE_TEXT), service.loop).result(timeout=10)
-            result["cue"] = {"status": status, "start": cue[0], "end": cue[1]}
-            time.sleep(WATCH_S)
-            result["frames"] = page.evaluate("() => window.probeFrames")
-            result["stats"] = page.evaluate("() => window.sfuViewer.stats")
-            result["sources"] = page.evaluate("() => window.probeSources")
-            page.evaluate("() => window.sfuViewer.sendTelemetry()")
-            time.sleep(0.5)
-            with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/sync") as resp:
-                result["sync_status"] = json.loads(resp.read())
-            result["caption"] = page.evaluate("() => window.shownCaption()")
-            browser.close()
+    with chromium.browser() as browser:
+        page = browser.new_page()
+        page.goto(f"http://127.0.0.1:{service.port}/?stream=e2e")
+        page.wait_for_function("() => window.sfuViewer !== undefined", timeout=10000)
+        page.evaluate(RECORD_JS)
+        # A cue for the frames captured 1.5 s to 3 s from now: the page must show it
+        # exactly while those frames are on screen.
+        now = time.time_ns()
+        cue = (now + 1_500_000_000, now + 3_000_000_000)
+        status = asyncio.run_coroutine_threadsafe(
+            service.post_cue(*cue, CUE_TEXT), service.loop).result(timeout=10)
+        result["cue"] = {"status": status, "start": cue[0], "end": cue[1]}
+        time.sleep(WATCH_S)
+        result["frames"] = page.evaluate("() => window.probeFrames")
+        result["stats"] = page.evaluate("() => window.sfuViewer.stats")
+        result["sources"] = page.evaluate("() => window.probeSources")
+        page.evaluate("() => window.sfuViewer.sendTelemetry()")
+        time.sleep(0.5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{service.port}/api/sync") as resp:
+            result["sync_status"] = json.loads(resp.read())
+        result["caption"] = page.evaluate("() => window.shownCaption()")
     assert service.video is not None
     result["capture_log"] = {str(n): ns for n, ns in service.video.capture_log.items()}
     service.stop()

@@ -10,15 +10,12 @@ is measured against the true capture time of the frames it showed on.
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
@@ -31,14 +28,7 @@ BOUNDARY_NS = 1_000_000
 
 
 def run_probe(*args: str) -> dict[str, Any]:
-    probe = " ".join([sys.executable, "-m", "tests.e2e.attach_probe", *args])
-    script = f"ip link set lo up && exec {probe}"
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=ROOT, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return probes.run_probe("tests.e2e.attach_probe", *args, timeout=PROBE_TIMEOUT_S)
 
 
 def measure(result: dict[str, Any]) -> tuple[list[float], float, list[dict[str, Any]]]:

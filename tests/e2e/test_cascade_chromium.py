@@ -12,15 +12,12 @@ from what Chromium sends.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.e2e.harness import judge_pixels
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns, pytest.mark.timeout(150)]
 
@@ -28,13 +25,7 @@ NTP_EPOCH_UNIX_MS = 2_208_988_800_000  # 1900-01-01 to 1970-01-01
 
 
 def run_probe(mode: str) -> dict[str, Any]:
-    script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.cascade_chromium_probe "
-              f"{mode}")
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return probes.run_probe("tests.e2e.cascade_chromium_probe", mode, timeout=120)
 
 
 def test_push_to_chromium_carries_capture_times_in_house_time() -> None:

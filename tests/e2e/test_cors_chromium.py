@@ -7,14 +7,12 @@ cross-origin and goes through Chromium's own CORS checks.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from tests.conftest import NOT_RUN, ROOT, partial_run
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
@@ -32,14 +30,7 @@ def probe() -> dict[str, Any]:
             pytest.skip(NOT_RUN + reason)
         pytest.fail(reason, pytrace=False)
     # Only ``lo`` inside: Chromium can pair nothing but loopback candidates with the service.
-    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.cors_chromium_probe"
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=ROOT, capture_output=True, text=True, timeout=150,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return probes.run_probe("tests.e2e.cors_chromium_probe", timeout=150)
 
 
 def _requests(probe: dict[str, Any], server: str, stream: str) -> list[str]:

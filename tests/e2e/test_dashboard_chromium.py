@@ -9,15 +9,12 @@ copied to /tmp/dashboard.png to be looked at.
 
 from __future__ import annotations
 
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns, pytest.mark.timeout(300)]
 
@@ -25,12 +22,7 @@ SHOWCASE = Path("/tmp/dashboard.png")
 
 
 def test_dashboard_plots_live_data_and_the_jitter_alert_comes_and_goes(tmp_path: Path) -> None:
-    script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.dashboard_probe "
-              f"{tmp_path}")
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = probes.run_probe("tests.e2e.dashboard_probe", tmp_path, timeout=240)
 
     before = result["before"]
     assert before["link"] == "live"

@@ -28,14 +28,13 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
 from tests.conftest import NOT_RUN, ROOT, partial_run
 from tests.e2e.hls_probe import PACKAGES, hls_js
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser]
 
@@ -69,12 +68,8 @@ def run_probe(*args: str, package: str = PACKAGES[0]) -> dict[str, Any]:
         if partial_run():
             pytest.skip(NOT_RUN + reason)
         pytest.fail(reason, pytrace=False)
-    proc = subprocess.run([sys.executable, "-m", "tests.e2e.hls_probe", "--package", package,
-                           *args],
-                          cwd=ROOT, capture_output=True, text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return probes.run_probe("tests.e2e.hls_probe", "--package", package, *args, timeout=150,
+                            netns=False)
 
 
 def test_hls_js_shows_each_cue_at_its_stream_time_before_and_after_a_break() -> None:

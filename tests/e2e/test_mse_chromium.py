@@ -13,15 +13,12 @@ every figure below is checked against the publisher's own capture times.
 from __future__ import annotations
 
 import itertools
-import json
 import math
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import probe as probes
 
 PROBE_TIMEOUT_S = 300  # includes waiting for the machine-wide browser lock
 pytestmark = [pytest.mark.browser, pytest.mark.netns, pytest.mark.timeout(PROBE_TIMEOUT_S + 30)]
@@ -38,14 +35,8 @@ BOUNDARY_S = 3 * FRAME_S
 
 
 def run_probe(codec: str, latency: str, *args: str) -> dict[str, Any]:
-    probe = " ".join([sys.executable, "-m", "tests.e2e.mse_probe", "--codec", codec,
-                      "--latency", latency, "--watch", str(WATCH_S), *args])
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {probe}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+    return probes.run_probe("tests.e2e.mse_probe", "--codec", codec, "--latency", latency,
+                            "--watch", WATCH_S, *args, timeout=PROBE_TIMEOUT_S)
 
 
 def p95(values: list[float]) -> float:

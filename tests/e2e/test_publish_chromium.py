@@ -14,14 +14,11 @@ ended) or from the viewer, or is what the page shows.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
@@ -36,14 +33,7 @@ STORE_ROUNDING_NS = 500_000
 @pytest.fixture(scope="module")
 def probe() -> dict[str, Any]:
     # Only ``lo`` inside: Chromium can pair nothing but loopback candidates with the relay.
-    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.publish_probe"
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=ROOT, capture_output=True, text=True, timeout=PROBE_TIMEOUT_S,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return probes.run_probe("tests.e2e.publish_probe", timeout=PROBE_TIMEOUT_S)
 
 
 def test_a_wrong_token_shows_the_services_401_reason_and_publishes_nothing(

@@ -2,29 +2,16 @@
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
 
 def test_chromium_publisher_to_chromium_viewer_through_the_relay() -> None:
     # Only ``lo`` inside: Chromium can pair nothing but loopback candidates with the relay.
-    script = (
-        "ip link set lo up && exec "
-        f"{sys.executable} -m tests.e2e.relay_chromium_probe"
-    )
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=ROOT, capture_output=True, text=True, timeout=100,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = probes.run_probe("tests.e2e.relay_chromium_probe", timeout=100)
     assert result["publish"]["status"] == 201, result
     seen = result["view"]
     assert seen["status"] == 201, result

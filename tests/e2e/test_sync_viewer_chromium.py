@@ -8,15 +8,12 @@ frame by frame.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.e2e.harness import in_stored_cue, judge_pixels
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns]
 
@@ -38,15 +35,7 @@ def test_on_an_edge_frames_and_captions_keep_the_origins_capture_times() -> None
 
 
 def run_probe(*args: str) -> dict[str, Any]:
-    script = (f"ip link set lo up && exec {sys.executable} -m tests.e2e.sync_viewer_probe "
-              + " ".join(args))
-    proc = subprocess.run(
-        ["unshare", "-n", "sh", "-c", script],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return probes.run_probe("tests.e2e.sync_viewer_probe", *args, timeout=120)
 
 
 def check_viewer_page(result: dict[str, Any]) -> None:

@@ -9,15 +9,14 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import subprocess
-import sys
 from functools import cache
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, require
+from tests.conftest import require
 from tests.e2e.viewer_page_probe import AXE
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.netns,
               pytest.mark.needs("pulseaudio", "parec", "pactl")]
@@ -43,11 +42,7 @@ LATENCY_TEXT = re.compile(r"^\d+(\.\d)? (ms|s) behind live$")
 def probe() -> dict[str, Any]:
     if not AXE.is_file():
         require(str(AXE))
-    script = f"ip link set lo up && exec {sys.executable} -m tests.e2e.viewer_page_probe"
-    proc = subprocess.run(["unshare", "-n", "sh", "-c", script], cwd=ROOT, capture_output=True,
-                          text=True, timeout=150)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    result = probes.run_probe("tests.e2e.viewer_page_probe", timeout=150)
     print("screenshots:", result["screenshots"])
     return result
 

@@ -4,15 +4,12 @@ shows captions exactly again, and stays on its session while the video only paus
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.e2e.harness import in_stored_cue, judge_pixels
+from tests.support import probe as probes
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(150)]
 
@@ -20,13 +17,7 @@ TOLERANCE_NS = 1_000_000
 
 
 def run_probe() -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.e2e.workers_chromium_probe"],
-        cwd=ROOT, capture_output=True, text=True, timeout=130,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return result
+    return probes.run_probe("tests.e2e.workers_chromium_probe", timeout=130, netns=False)
 
 
 def test_the_viewer_page_reconnects_after_its_worker_is_killed() -> None:

@@ -14,7 +14,6 @@ Run inside a network namespace with only ``lo`` (the test does).
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
@@ -28,9 +27,10 @@ from aiohttp import web
 
 from sfu_sidecar.app import build_app
 from sfu_sidecar.config import load_settings
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS, ROOT, free_port
+from tests.conftest import IN_PROCESS, ROOT, free_port
 from tests.e2e.audio_output import MUTE_AUDIO, AudioOutput
 from tests.e2e.harness import Broadcaster, LoopThread
+from tests.support import chromium
 
 STREAM = "live"
 LANGS = ("en", "de")
@@ -40,7 +40,7 @@ PHONE = {"width": 390, "height": 844}
 SCREENSHOTS = Path(os.environ.get("SFU_SIDECAR_TEST_ARTIFACTS", ROOT / "test-artifacts")) / "viewer"
 # The autoplay policy of desktop Chromium, named rather than left to the headless default
 # (which varied between launches here): a document plays sound only after a gesture in it.
-ARGS = [*(a for a in CHROMIUM_ARGS if not a.startswith("--autoplay-policy")),
+ARGS = [*(a for a in chromium.ARGS if not a.startswith("--autoplay-policy")),
         "--autoplay-policy=document-user-activation-required"]
 
 
@@ -248,62 +248,56 @@ def main() -> None:
     service.thread.start()
     if not service.ready.wait(30):
         raise SystemExit("service did not start")
-    from playwright.sync_api import sync_playwright
-
     result: dict[str, Any] = {"start_ns": service.broadcaster.timeline.start_house_ns,
                               "screenshots": str(SCREENSHOTS)}
     try:
-        with AudioOutput() as audio, BROWSER_LOCK.open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(
-                    executable_path=CHROMIUM, args=ARGS, ignore_default_args=MUTE_AUDIO,
-                    env={**os.environ, **audio.env})
-                # A fresh context per check: no sound permission earned by an earlier click on
-                # this origin, no choices remembered from an earlier page.
-                page = browser.new_context(viewport=DESKTOP).new_page()
-                page.goto(f"{service.base}/?stream={STREAM}")
-                result["webrtc_live_after_s"] = wait_for(
-                    page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
-                    "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
-                result["webrtc_unmute"] = unmute_check(page, audio, service, 2.2, 4.5)
-                result["webrtc_latency_text"] = snapshot(page)["latency"]
-                result["webrtc_keys"] = keyboard_and_toggles(page)
-                page.screenshot(path=str(SCREENSHOTS / "webrtc-desktop.png"))
-                page.click("#nerd-stats summary")  # the stats panel open, so it is checked too
-                result["axe_viewer_webrtc"] = accessibility(page)
-                result["webrtc_offline"] = offline_and_back(page, service, "webrtc")
+        with AudioOutput() as audio, chromium.browser(
+                args=ARGS, ignore_default_args=MUTE_AUDIO,
+                env={**os.environ, **audio.env}) as browser:
+            # A fresh context per check: no sound permission earned by an earlier click on
+            # this origin, no choices remembered from an earlier page.
+            page = browser.new_context(viewport=DESKTOP).new_page()
+            page.goto(f"{service.base}/?stream={STREAM}")
+            result["webrtc_live_after_s"] = wait_for(
+                page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
+                "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
+            result["webrtc_unmute"] = unmute_check(page, audio, service, 2.2, 4.5)
+            result["webrtc_latency_text"] = snapshot(page)["latency"]
+            result["webrtc_keys"] = keyboard_and_toggles(page)
+            page.screenshot(path=str(SCREENSHOTS / "webrtc-desktop.png"))
+            page.click("#nerd-stats summary")  # the stats panel open, so it is checked too
+            result["axe_viewer_webrtc"] = accessibility(page)
+            result["webrtc_offline"] = offline_and_back(page, service, "webrtc")
+            page.close()
+
+            for mode, query in (("webrtc", ""), ("mse", "&mode=mse")):
+                page = browser.new_context(viewport=PHONE).new_page()
+                page.goto(f"{service.base}/?stream={STREAM}{query}")
+                wait_for(page, "() => window.sfuViewer?.controls.snapshot().state === 'live'",
+                         20)
+                result[f"{mode}_phone"] = layout(page)
+                page.screenshot(path=str(SCREENSHOTS / f"{mode}-phone.png"))
                 page.close()
 
-                for mode, query in (("webrtc", ""), ("mse", "&mode=mse")):
-                    page = browser.new_context(viewport=PHONE).new_page()
-                    page.goto(f"{service.base}/?stream={STREAM}{query}")
-                    wait_for(page, "() => window.sfuViewer?.controls.snapshot().state === 'live'",
-                             20)
-                    result[f"{mode}_phone"] = layout(page)
-                    page.screenshot(path=str(SCREENSHOTS / f"{mode}-phone.png"))
-                    page.close()
+            page = browser.new_context(viewport=DESKTOP).new_page()
+            page.goto(f"{service.base}/?stream={STREAM}&mode=mse")
+            result["mse_live_after_s"] = wait_for(
+                page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
+                "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
+            result["mse_unmute"] = unmute_check(page, audio, service, 2.2, 4.5)
+            result["mse_latency_text"] = snapshot(page)["latency"]
+            result["mse_caption_modes"] = track_modes(page)
+            page.screenshot(path=str(SCREENSHOTS / "mse-desktop.png"))
+            result["axe_viewer_mse"] = accessibility(page)
+            result["mse_offline"] = offline_and_back(page, service, "mse")
+            page.close()
 
-                page = browser.new_context(viewport=DESKTOP).new_page()
-                page.goto(f"{service.base}/?stream={STREAM}&mode=mse")
-                result["mse_live_after_s"] = wait_for(
-                    page, "() => window.sfuViewer?.controls.snapshot().state === 'live' && "
-                    "window.sfuViewer.controls.snapshot().languages.length === 2", 20)
-                result["mse_unmute"] = unmute_check(page, audio, service, 2.2, 4.5)
-                result["mse_latency_text"] = snapshot(page)["latency"]
-                result["mse_caption_modes"] = track_modes(page)
-                page.screenshot(path=str(SCREENSHOTS / "mse-desktop.png"))
-                result["axe_viewer_mse"] = accessibility(page)
-                result["mse_offline"] = offline_and_back(page, service, "mse")
-                page.close()
-
-                page = browser.new_context(viewport=DESKTOP).new_page()
-                page.goto(f"{service.base}/publish?stream=axe")
-                page.wait_for_load_state("networkidle")
-                result["axe_publisher"] = accessibility(page)
-                page.screenshot(path=str(SCREENSHOTS / "publisher-desktop.png"))
-                page.close()
-                browser.close()
+            page = browser.new_context(viewport=DESKTOP).new_page()
+            page.goto(f"{service.base}/publish?stream=axe")
+            page.wait_for_load_state("networkidle")
+            result["axe_publisher"] = accessibility(page)
+            page.screenshot(path=str(SCREENSHOTS / "publisher-desktop.png"))
+            page.close()
     finally:
         service.stop()
     print(json.dumps(result))

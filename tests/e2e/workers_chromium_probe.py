@@ -13,7 +13,6 @@ killed, the workers before and after, and the publisher's true capture time of e
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import signal
@@ -29,9 +28,10 @@ from aiortc import MediaStreamTrack
 from sfu_sidecar.client.whip import publish
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from sfu_sidecar.workers import home_index
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, ServerProcess
+from tests.conftest import ServerProcess
 from tests.e2e.harness import LoopThread
 from tests.e2e.sync_viewer_probe import CUE_SETTINGS, RECORD_JS
+from tests.support import chromium
 
 # A stream whose home is worker 1: the supervisor gives the first viewer's offer to worker 0,
 # so the page is served by the worker that pulls, and killing it leaves the publisher alone.
@@ -131,56 +131,51 @@ def main() -> None:
         if not publisher.ready.wait(20):
             raise SystemExit("the publisher did not start")
         result["joined"] = publisher.joined is not None
-        from playwright.sync_api import sync_playwright
 
         mapped_js = "(after) => window.probeFrames.filter((f) => f.capture !== null " \
                     "&& BigInt(f.capture) > BigInt(after)).length"
-        with BROWSER_LOCK.open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            with sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-                page = browser.new_page()
-                page.goto(f"{server.base}/?stream={STREAM}")
-                page.wait_for_function("() => window.sfuViewer !== undefined", timeout=10000)
-                # Recorder and wall-clock stamp start in one evaluate: a frame presented between
-                # two calls would be recorded without its wall time.
-                page.evaluate("() => { (" + RECORD_JS.strip() + ")();"
-                              " window.sfuViewer.frameListeners.push(() => {"
-                              " const f = window.probeFrames.at(-1);"
-                              " if (f && f.wall_ms === undefined) f.wall_ms = Date.now(); }); }")
-                page.wait_for_function(f"() => ({mapped_js})('0') >= 30", timeout=20000)
-                resource = page.evaluate("() => window.sfuViewer.session.resourceUrl")
-                result["page_worker"] = page_worker(server.base, resource)
-                result["page_resource"] = resource
-                # The publisher's video stops for PAUSE_S (audio and session go on): the page
-                # asks whether its session is still there and, told it is, stays on it.
-                assert publisher.gate is not None
-                paused_ns = time.time_ns()
-                publisher.gate.paused_until_ns = paused_ns + int(PAUSE_S * 1e9)
-                page.wait_for_function(f"() => ({mapped_js})('{paused_ns}') >= 20",
-                                       timeout=20000, polling=200)
-                result["pause"] = {"start_ns": paused_ns, "seconds": PAUSE_S,
-                                   "stats": page.evaluate("() => ({...window.sfuViewer.stats})"),
-                                   "resource": page.evaluate(
-                                       "() => window.sfuViewer.session.resourceUrl")}
-                result["workers_before"] = get_json(f"{server.base}/api/workers")["workers"]
-                killed = result["workers_before"][result["page_worker"] or 0]
-                result["kill_ns"] = kill_ns = time.time_ns()
-                os.kill(killed["pid"], signal.SIGKILL)
-                page.wait_for_function(f"() => ({mapped_js})('{kill_ns}') >= {FRAMES_AFTER}",
-                                       timeout=45000, polling=200)
-                # A caption for frames captured from 1 s to 2.5 s from now, all after the
-                # reconnection: shown on exactly those frames, where its settings put it.
-                now = time.time_ns()
-                cue = (now + 1_000_000_000, now + 2_500_000_000)
-                status = publisher.call(publisher.post_cue(*cue))
-                result["cue"] = {"status": status, "start": cue[0], "end": cue[1]}
-                time.sleep(3.5)
-                result["frames"] = page.evaluate("() => window.probeFrames")
-                result["stats"] = page.evaluate("() => window.sfuViewer.stats")
-                result["status_text"] = page.text_content("#status")
-                result["workers_after"] = get_json(f"{server.base}/api/workers")["workers"]
-                browser.close()
+        with chromium.browser() as browser:
+            page = browser.new_page()
+            page.goto(f"{server.base}/?stream={STREAM}")
+            page.wait_for_function("() => window.sfuViewer !== undefined", timeout=10000)
+            # Recorder and wall-clock stamp start in one evaluate: a frame presented between
+            # two calls would be recorded without its wall time.
+            page.evaluate("() => { (" + RECORD_JS.strip() + ")();"
+                          " window.sfuViewer.frameListeners.push(() => {"
+                          " const f = window.probeFrames.at(-1);"
+                          " if (f && f.wall_ms === undefined) f.wall_ms = Date.now(); }); }")
+            page.wait_for_function(f"() => ({mapped_js})('0') >= 30", timeout=20000)
+            resource = page.evaluate("() => window.sfuViewer.session.resourceUrl")
+            result["page_worker"] = page_worker(server.base, resource)
+            result["page_resource"] = resource
+            # The publisher's video stops for PAUSE_S (audio and session go on): the page
+            # asks whether its session is still there and, told it is, stays on it.
+            assert publisher.gate is not None
+            paused_ns = time.time_ns()
+            publisher.gate.paused_until_ns = paused_ns + int(PAUSE_S * 1e9)
+            page.wait_for_function(f"() => ({mapped_js})('{paused_ns}') >= 20",
+                                   timeout=20000, polling=200)
+            result["pause"] = {"start_ns": paused_ns, "seconds": PAUSE_S,
+                               "stats": page.evaluate("() => ({...window.sfuViewer.stats})"),
+                               "resource": page.evaluate(
+                                   "() => window.sfuViewer.session.resourceUrl")}
+            result["workers_before"] = get_json(f"{server.base}/api/workers")["workers"]
+            killed = result["workers_before"][result["page_worker"] or 0]
+            result["kill_ns"] = kill_ns = time.time_ns()
+            os.kill(killed["pid"], signal.SIGKILL)
+            page.wait_for_function(f"() => ({mapped_js})('{kill_ns}') >= {FRAMES_AFTER}",
+                                   timeout=45000, polling=200)
+            # A caption for frames captured from 1 s to 2.5 s from now, all after the
+            # reconnection: shown on exactly those frames, where its settings put it.
+            now = time.time_ns()
+            cue = (now + 1_000_000_000, now + 2_500_000_000)
+            status = publisher.call(publisher.post_cue(*cue))
+            result["cue"] = {"status": status, "start": cue[0], "end": cue[1]}
+            time.sleep(3.5)
+            result["frames"] = page.evaluate("() => window.probeFrames")
+            result["stats"] = page.evaluate("() => window.sfuViewer.stats")
+            result["status_text"] = page.text_content("#status")
+            result["workers_after"] = get_json(f"{server.base}/api/workers")["workers"]
         assert publisher.video is not None
         result["capture_log"] = {str(n): ns for n, ns in publisher.video.capture_log.items()}
     finally:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import fcntl
 import itertools
 import json
 import os
@@ -48,8 +47,9 @@ from sfu_sidecar.synthetic import (
     Timeline,
     decode_frame_number,
 )
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, free_port, sidecar_command
+from tests.conftest import free_port, sidecar_command
 from tests.relay import peers
+from tests.support import chromium
 from tests.sync.records import ViewerRecords
 
 HERE = Path(__file__).resolve().parent
@@ -244,13 +244,7 @@ async def start_publisher(kind: str, base: str, seconds: float, truth: Truth,
 
 async def _chromium(base: str, act: bool, camera: bool,
                     stack: contextlib.AsyncExitStack) -> dict[str, Any]:
-    from playwright.async_api import async_playwright
-
-    lock = stack.enter_context(BROWSER_LOCK.open("w"))
-    await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-    pw = await stack.enter_async_context(async_playwright())
-    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    stack.push_async_callback(browser.close)
+    browser = await stack.enter_async_context(chromium.async_browser())
     page = await browser.new_page()
     await page.goto(base + "/healthz")
     result: dict[str, Any] = await page.evaluate(CANVAS_PUBLISH_JS, [base, act, camera])
@@ -423,13 +417,7 @@ def figures(kind: str, viewer: peers.Peer, records: ViewerRecords, truth: Truth,
 async def page_viewer(base: str, seconds: float, settle_s: float,
                       stack: contextlib.AsyncExitStack) -> dict[str, Any]:
     """The product's viewer page in Chromium: presented frames' capture times, in order."""
-    from playwright.async_api import async_playwright
-
-    lock = stack.enter_context(BROWSER_LOCK.open("w"))
-    await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-    pw = await stack.enter_async_context(async_playwright())
-    browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-    stack.push_async_callback(browser.close)
+    browser = await stack.enter_async_context(chromium.async_browser())
     page = await browser.new_page()
     await page.goto(f"{base}/?stream={STREAM}")
     await page.wait_for_function("() => window.sfuViewer !== undefined", timeout=15_000)

@@ -38,15 +38,7 @@ from sfu_sidecar.relay import aiortc_adapter, rtcp
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
 from sfu_sidecar.relay.packet import RtpPacket
 from sfu_sidecar.sync.wire import AnchorRecord
-from tests.relay.janus_tap_probe import (
-    JANUS_ADDRESS,
-    JANUS_HTTP_PORT,
-    JanusHttp,
-    decode_for,
-    janus_config,
-    setup_namespace,
-    wait_http,
-)
+from tests.relay.janus_tap_probe import decode_for
 from tests.relay.peers import (
     PatternVideo,
     ToneAudio,
@@ -57,6 +49,7 @@ from tests.relay.peers import (
     view,
     wait_for,
 )
+from tests.support import janus
 from tests.sync.records import ViewerRecords
 
 MOUNTPOINT = 4242
@@ -196,7 +189,7 @@ def summary(values: list[float]) -> dict[str, Any]:
             round(statistics.median(values), 3), "max": round(max(values), 3)}
 
 
-async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
+async def run(seconds: float, workdir: Path, janus_proc: subprocess.Popen[bytes],
               result: dict[str, Any]) -> None:
     settings = load_settings({"ice_addresses": "127.0.0.1", "host": "127.0.0.1",
                               "data_dir": str(workdir / "data")})
@@ -210,8 +203,8 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
     delay_lines: list[DelayLine] = []
     try:
         async with aiohttp.ClientSession() as http:
-            janus_base = f"http://127.0.0.1:{JANUS_HTTP_PORT}/janus"
-            await wait_http(http, f"{janus_base}/info", janus)
+            janus_base = f"http://127.0.0.1:{janus.HTTP_PORT}/janus"
+            await janus.wait_http(http, f"{janus_base}/info", janus_proc)
             publisher = await publish(http, base, "live", video=PatternVideo(),
                                       audio=ToneAudio())
             # The sidecar's own account of capture times: a WHEP viewer's sync channel.
@@ -231,7 +224,7 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
             await wait_for(lambda: set(relay.streams.get("live").codecs) == {"audio", "video"},
                            20, "the publisher's tracks")
 
-            api = JanusHttp(http, janus_base)
+            api = janus.JanusHttp(http, janus_base)
             await api.create()
             handle = await api.attach("janus.plugin.streaming")
             created = await api.message(handle, {
@@ -272,7 +265,7 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
             await watcher.pc.setRemoteDescription(RTCSessionDescription(sdp, "offer"))
             # The viewer's candidate on Janus's address too: libnice pairs none of its
             # candidates with a remote one on another 127.x address.
-            aiortc_adapter.install_ice(watcher.pc, (JANUS_ADDRESS,), None)
+            aiortc_adapter.install_ice(watcher.pc, (janus.ADDRESS,), None)
             await watcher.pc.setLocalDescription(await watcher.pc.createAnswer())
             watcher.record()
             await api.message(handle, {"request": "start"},
@@ -388,27 +381,13 @@ def measure(result: dict[str, Any], watcher: JanusViewer, truth: Any, records: V
 
 def main() -> int:
     seconds = float(sys.argv[1])
-    setup_namespace()
+    janus.setup_namespace()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="janus-feed-") as tmp:
         workdir = Path(tmp)
-        janus_config(workdir, JANUS_HTTP_PORT)
-        log = workdir / "janus.log"
-        with log.open("wb") as out:
-            janus = subprocess.Popen(
-                ["janus", f"--config={workdir / 'janus.jcfg'}", f"--configs-folder={workdir}"],
-                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            asyncio.run(run(seconds, workdir, janus, result))
-        finally:
-            janus.terminate()
-            try:
-                janus.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                janus.kill()
-                janus.wait()
-            if "delete_status" not in result:  # it failed: Janus's side of the story
-                print(log.read_text()[-3000:], file=sys.stderr)
+        janus.write_config(workdir, janus.HTTP_PORT)
+        with janus.running(workdir) as proc:
+            asyncio.run(run(seconds, workdir, proc, result))
     print(json.dumps(result))
     return 0
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import secrets
 import subprocess
 import sys
 import tempfile
@@ -35,16 +34,13 @@ from sfu_sidecar.app import SERVICES_KEY, build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.relay import aiortc_adapter
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import BROWSER_LOCK, CHROMIUM, CHROMIUM_ARGS, IN_PROCESS
+from tests.conftest import IN_PROCESS
 from tests.e2e.sync_viewer_probe import RECORD_JS
 from tests.relay.peers import client_pc, view, wait_for
+from tests.support import chromium, janus
 
 ROOT = Path(__file__).resolve().parents[2]
-JANUS_INTERFACE = "jtap0"
-JANUS_ADDRESS = "127.0.0.2"
-ROOM = 1234  # the room deploy/janus/janus.plugin.videoroom.jcfg creates
 VIDEO_PT, AUDIO_PT = 100, 111
-JANUS_HTTP_PORT = 18088  # the namespace is private: no other process can hold it
 CUE_EVERY_NS = 3_000_000_000  # one cue every 3 s, each 1.5 s long
 CUE_NS = 1_500_000_000
 
@@ -64,90 +60,6 @@ async () => {
 """
 
 
-def setup_namespace() -> None:
-    for cmd in (
-        "ip link set lo up",
-        f"ip link add {JANUS_INTERFACE} type veth peer name {JANUS_INTERFACE}p",
-        f"ip addr add {JANUS_ADDRESS}/32 dev {JANUS_INTERFACE}",
-        f"ip link set {JANUS_INTERFACE} up",
-        f"ip link set {JANUS_INTERFACE}p up",
-    ):
-        subprocess.run(cmd.split(), check=True, capture_output=True, timeout=10)
-
-
-def janus_config(folder: Path, http_port: int) -> None:
-    for f in (ROOT / "deploy" / "janus").glob("*.jcfg"):
-        text = f.read_text().replace("port = 8088", f"port = {http_port}")
-        text = text.replace('ice_ignore_list = "vmnet"', f'ice_enforce_list = "{JANUS_INTERFACE}"')
-        (folder / f.name).write_text(text)
-
-
-class JanusHttp:
-    """The few calls of Janus's HTTP API that a VideoRoom publisher and an operator make."""
-
-    def __init__(self, http: aiohttp.ClientSession, base: str) -> None:
-        self.http = http
-        self.base = base
-        self.session: int | None = None
-
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        body = {**body, "transaction": secrets.token_hex(6)}
-        async with self.http.post(self.base + path, json=body) as resp:
-            answer: dict[str, Any] = await resp.json(content_type=None)
-        if answer.get("janus") not in ("success", "ack"):
-            raise RuntimeError(f"Janus refused {body}: {answer}")
-        return answer
-
-    async def create(self) -> None:
-        self.session = (await self._post("", {"janus": "create"}))["data"]["id"]
-
-    async def attach(self, plugin: str) -> int:
-        answer = await self._post(f"/{self.session}", {"janus": "attach", "plugin": plugin})
-        return int(answer["data"]["id"])
-
-    async def message(self, handle: int, body: dict[str, Any],
-                      jsep: dict[str, Any] | None = None) -> dict[str, Any]:
-        message: dict[str, Any] = {"janus": "message", "body": body}
-        if jsep is not None:
-            message["jsep"] = jsep
-        return await self._post(f"/{self.session}/{handle}", message)
-
-    async def event(self, limit_s: float = 30) -> dict[str, Any]:
-        """The next plugin event (long poll); keepalives and media notices are skipped."""
-        async with asyncio.timeout(limit_s):
-            for _ in range(100):
-                async with self.http.get(f"{self.base}/{self.session}?maxev=1") as resp:
-                    event: dict[str, Any] = await resp.json(content_type=None)
-                if event.get("janus") == "event":
-                    return event
-        raise RuntimeError("no event from Janus")
-
-
-def stop_process(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM, then SIGKILL after 10 s."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-async def wait_http(http: aiohttp.ClientSession, url: str,
-                    proc: subprocess.Popen[bytes]) -> None:
-    for _ in range(150):  # up to 30 s
-        if proc.poll() is not None:
-            raise RuntimeError("Janus exited")
-        try:
-            async with http.get(url) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.2)
-    raise RuntimeError("Janus never answered its HTTP API")
-
-
 async def decode_for(track: Any, seconds: float) -> int:
     count = 0
     deadline = time.monotonic() + seconds
@@ -164,38 +76,28 @@ async def decode_for(track: Any, seconds: float) -> int:
 async def watch_in_chromium(base: str, seconds: float, result: dict[str, Any]) -> None:
     """The product's viewer page on the tapped stream, captions posted on the house clock for
     frames still to be captured, every presented frame recorded."""
-    import fcntl
-
-    from playwright.async_api import async_playwright
-
-    with BROWSER_LOCK.open("w") as lock:
-        await asyncio.to_thread(fcntl.flock, lock, fcntl.LOCK_EX)
-        async with async_playwright() as pw, aiohttp.ClientSession() as http:
-            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            try:
-                page = await browser.new_page()
-                await page.goto(f"{base}/?stream=janus")
-                await page.wait_for_function("() => window.sfuViewer !== undefined",
-                                             timeout=10000)
-                await page.evaluate(RECORD_JS)
-                # Cues for frames captured from 2 s on, every 3 s while the page watches.
-                first = time.time_ns() + 2 * 1_000_000_000
-                cues = [{"id": f"c{i}", "start": first + i * CUE_EVERY_NS,
-                         "end": first + i * CUE_EVERY_NS + CUE_NS, "text": f"cue {i}"}
-                        for i in range(int((seconds - 3) * 1e9 // CUE_EVERY_NS))]
-                async with http.post(f"{base}/api/streams/janus/captions", json={
-                        "timebase": "house_ns", "lang": "en", "cues": cues}) as resp:
-                    result["cue_status"] = resp.status
-                result["cues"] = cues
-                await asyncio.sleep(seconds)
-                result["frames"] = await page.evaluate("() => window.probeFrames")
-                result["page_stats"] = await page.evaluate("() => window.sfuViewer.stats")
-                result["rtp_stats"] = await page.evaluate(STATS_JS)
-            finally:
-                await browser.close()
+    async with chromium.async_browser() as browser, aiohttp.ClientSession() as http:
+        page = await browser.new_page()
+        await page.goto(f"{base}/?stream=janus")
+        await page.wait_for_function("() => window.sfuViewer !== undefined",
+                                     timeout=10000)
+        await page.evaluate(RECORD_JS)
+        # Cues for frames captured from 2 s on, every 3 s while the page watches.
+        first = time.time_ns() + 2 * 1_000_000_000
+        cues = [{"id": f"c{i}", "start": first + i * CUE_EVERY_NS,
+                 "end": first + i * CUE_EVERY_NS + CUE_NS, "text": f"cue {i}"}
+                for i in range(int((seconds - 3) * 1e9 // CUE_EVERY_NS))]
+        async with http.post(f"{base}/api/streams/janus/captions", json={
+                "timebase": "house_ns", "lang": "en", "cues": cues}) as resp:
+            result["cue_status"] = resp.status
+        result["cues"] = cues
+        await asyncio.sleep(seconds)
+        result["frames"] = await page.evaluate("() => window.probeFrames")
+        result["page_stats"] = await page.evaluate("() => window.sfuViewer.stats")
+        result["rtp_stats"] = await page.evaluate(STATS_JS)
 
 
-async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
+async def run(seconds: float, workdir: Path, proc: subprocess.Popen[bytes],
               result: dict[str, Any], viewer_kind: str = "aiortc") -> None:
     settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "host": "127.0.0.1",
                               "data_dir": str(workdir / "data")})
@@ -208,12 +110,12 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
     pc = client_pc()
     try:
         async with aiohttp.ClientSession() as http:
-            janus_base = f"http://127.0.0.1:{JANUS_HTTP_PORT}/janus"
-            await wait_http(http, f"{janus_base}/info", janus)
-            api = JanusHttp(http, janus_base)
+            janus_base = f"http://127.0.0.1:{janus.HTTP_PORT}/janus"
+            await janus.wait_http(http, f"{janus_base}/info", proc)
+            api = janus.JanusHttp(http, janus_base)
             await api.create()
             handle = await api.attach("janus.plugin.videoroom")
-            await api.message(handle, {"request": "join", "ptype": "publisher", "room": ROOM,
+            await api.message(handle, {"request": "join", "ptype": "publisher", "room": janus.ROOM,
                                        "display": "renderer"})
             publisher_id = (await api.event())["plugindata"]["data"]["id"]
 
@@ -223,7 +125,7 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
             pc.addTransceiver(video_track, direction="sendonly")
             # The publisher's candidate on Janus's address too: libnice pairs none of its
             # candidates with a remote one on another 127.x address.
-            aiortc_adapter.install_ice(pc, (JANUS_ADDRESS,), None)
+            aiortc_adapter.install_ice(pc, (janus.ADDRESS,), None)
             await pc.setLocalDescription(await pc.createOffer())
             await api.message(handle, {"request": "configure", "audio": True, "video": True},
                               # Every candidate is in the offer: Janus need wait for none.
@@ -246,7 +148,7 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
             video, audio = tap["media"]
             mids = {t.kind: t.mid for t in pc.getTransceivers()}
             forwarded = await api.message(handle, {
-                "request": "rtp_forward", "room": ROOM, "publisher_id": publisher_id,
+                "request": "rtp_forward", "room": janus.ROOM, "publisher_id": publisher_id,
                 "host": "127.0.0.1", "host_family": "ipv4", "streams": [
                     {"mid": mids["video"], "port": video["rtp_port"], "pt": VIDEO_PT,
                      "rtcp_port": video["rtcp_port"]},
@@ -282,22 +184,13 @@ async def run(seconds: float, workdir: Path, janus: subprocess.Popen[bytes],
 def main() -> int:
     seconds = float(sys.argv[1])
     viewer_kind = sys.argv[2] if len(sys.argv) > 2 else "aiortc"
-    setup_namespace()
+    janus.setup_namespace()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="janus-tap-") as tmp:
         workdir = Path(tmp)
-        janus_config(workdir, JANUS_HTTP_PORT)
-        log = workdir / "janus.log"
-        with log.open("wb") as out:
-            janus = subprocess.Popen(
-                ["janus", f"--config={workdir / 'janus.jcfg'}", f"--configs-folder={workdir}"],
-                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            asyncio.run(run(seconds, workdir, janus, result, viewer_kind))
-        finally:
-            stop_process(janus)
-            if "delete_status" not in result:  # it failed: Janus's side of the story
-                print(log.read_text()[-3000:], file=sys.stderr)
+        janus.write_config(workdir, janus.HTTP_PORT)
+        with janus.running(workdir) as proc:
+            asyncio.run(run(seconds, workdir, proc, result, viewer_kind))
     print(json.dumps(result))
     return 0
 

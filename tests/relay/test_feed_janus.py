@@ -10,14 +10,11 @@ say can be told apart from the capture times they would carry if Janus passed th
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.support import probe as probes
 
 SECONDS = 10
 
@@ -25,13 +22,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.needs("janus"), pytest.mark.timeout
 
 
 def probe() -> dict[str, Any]:
-    proc = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.relay.janus_feed_probe", str(SECONDS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=200,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({k: v for k, v in result.items() if k not in ("mountpoint", "feed_answer")}))
+    result = probes.run_probe("tests.relay.janus_feed_probe", SECONDS, timeout=200)
+    probes.show(result, omit=("mountpoint", "feed_answer"))
     return result
 
 

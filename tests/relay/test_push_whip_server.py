@@ -9,9 +9,6 @@ deletion ends the session on the server.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
@@ -19,6 +16,7 @@ import pytest
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
 from sfu_sidecar.relay.push import RETRY_MAX_S
 from tests.conftest import NOT_RUN, ROOT, SIMPLE_WHIP_SERVER, partial_run
+from tests.support import probe as probes
 
 SECONDS = 4
 CONNECT_LIMIT_S = 15  # ICE and DTLS with Janus on a loaded machine
@@ -34,15 +32,8 @@ def probe() -> dict[str, Any]:
         if partial_run():
             pytest.skip(NOT_RUN + reason)
         pytest.fail(reason, pytrace=False)
-    proc = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.relay.whip_server_push_probe",
-         str(SECONDS)],
-        cwd=ROOT, capture_output=True, text=True, timeout=220,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({k: v for k, v in result.items()
-                      if k not in ("push_connected", "push_after_watch", "push_reconnected")}))
+    result = probes.run_probe("tests.relay.whip_server_push_probe", SECONDS, timeout=220)
+    probes.show(result, omit=("push_connected", "push_after_watch", "push_reconnected"))
     return result
 
 

@@ -6,15 +6,12 @@ The whole exchange runs in ``tests.relay.janus_tap_probe``, in a network namespa
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
 from tests.e2e.harness import in_stored_cue
+from tests.support import probe as probes
 
 SECONDS = 10
 FRAME_NS = 33_333_333  # the publisher's 30 fps
@@ -23,15 +20,8 @@ pytestmark = [pytest.mark.netns, pytest.mark.needs("janus"), pytest.mark.timeout
 
 
 def probe(viewer: str = "aiortc", seconds: int = SECONDS) -> dict[str, Any]:
-    proc = subprocess.run(
-        ["unshare", "-n", sys.executable, "-m", "tests.relay.janus_tap_probe", str(seconds),
-         viewer],
-        cwd=ROOT, capture_output=True, text=True, timeout=200,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    print(json.dumps({k: v for k, v in result.items()
-                      if k not in ("rtp_forward", "frames", "capture_log", "cues")}))
+    result = probes.run_probe("tests.relay.janus_tap_probe", seconds, viewer, timeout=200)
+    probes.show(result, omit=("rtp_forward", "frames", "capture_log", "cues"))
     return result
 
 

@@ -35,18 +35,9 @@ from sfu_sidecar.app import build_app
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.relay import aiortc_adapter
 from tests.conftest import IN_PROCESS, ROOT, SIMPLE_WHIP_SERVER
-from tests.relay.janus_tap_probe import (
-    JANUS_ADDRESS,
-    JANUS_HTTP_PORT,
-    ROOM,
-    JanusHttp,
-    decode_for,
-    janus_config,
-    setup_namespace,
-    stop_process,
-    wait_http,
-)
+from tests.relay.janus_tap_probe import decode_for
 from tests.relay.peers import PatternVideo, ToneAudio, client_pc, publish, wait_for
+from tests.support import janus
 
 WHIP_PORT = 17080  # the namespace is private: no other process can hold it
 JANUS_WS_PORT = 18188
@@ -81,7 +72,7 @@ SERVER_CONFIG = f"""module.exports = {{
 def configure(workdir: Path) -> Path:
     """Janus's configuration with the WebSocket transport on; simple-whip-server's sources
     beside a configuration of their own. Returns the server's folder."""
-    janus_config(workdir, JANUS_HTTP_PORT)
+    janus.write_config(workdir, janus.HTTP_PORT)
     main = workdir / "janus.jcfg"
     main.write_text(main.read_text().replace(",libjanus_websockets.so", ""))
     (workdir / "janus.transport.websockets.jcfg").write_text(WEBSOCKETS_CONFIG)
@@ -117,7 +108,7 @@ async def wait_server(http: aiohttp.ClientSession, proc: subprocess.Popen[bytes]
 
 async def create_endpoint(http: aiohttp.ClientSession) -> int:
     async with http.post(f"{WHIP_BASE}/create", json={
-            "id": ENDPOINT, "room": ROOM, "token": TOKEN, "label": "sidecar push"}) as resp:
+            "id": ENDPOINT, "room": janus.ROOM, "token": TOKEN, "label": "sidecar push"}) as resp:
         return resp.status
 
 
@@ -135,13 +126,13 @@ async def push_status(http: aiohttp.ClientSession, base: str, push_id: str) -> d
 
 async def watch_room(http: aiohttp.ClientSession, seconds: float) -> dict[str, Any]:
     """Subscribe to the room's publisher over Janus's HTTP API and decode its video."""
-    api = JanusHttp(http, f"http://127.0.0.1:{JANUS_HTTP_PORT}/janus")
+    api = janus.JanusHttp(http, f"http://127.0.0.1:{janus.HTTP_PORT}/janus")
     await api.create()
     handle = await api.attach("janus.plugin.videoroom")
-    listed = await api.message(handle, {"request": "listparticipants", "room": ROOM})
+    listed = await api.message(handle, {"request": "listparticipants", "room": janus.ROOM})
     publishers = [p for p in listed["plugindata"]["data"]["participants"] if p.get("publisher")]
     assert len(publishers) == 1, publishers
-    await api.message(handle, {"request": "join", "ptype": "subscriber", "room": ROOM,
+    await api.message(handle, {"request": "join", "ptype": "subscriber", "room": janus.ROOM,
                                "streams": [{"feed": publishers[0]["id"]}]})
     offer = await api.event()
     pc = client_pc()
@@ -151,7 +142,7 @@ async def watch_room(http: aiohttp.ClientSession, seconds: float) -> dict[str, A
     def on_track(track: MediaStreamTrack) -> None:
         tracks[track.kind] = track
 
-    aiortc_adapter.install_ice(pc, (JANUS_ADDRESS,), None)
+    aiortc_adapter.install_ice(pc, (janus.ADDRESS,), None)
     await pc.setRemoteDescription(RTCSessionDescription(offer["jsep"]["sdp"], "offer"))
     await pc.setLocalDescription(await pc.createAnswer())
     await api.message(handle, {"request": "start"},
@@ -169,10 +160,10 @@ async def watch_room(http: aiohttp.ClientSession, seconds: float) -> dict[str, A
 
 
 async def run(seconds: float, workdir: Path, server_folder: Path,
-              janus: subprocess.Popen[bytes], result: dict[str, Any]) -> None:
+              janus_proc: subprocess.Popen[bytes], result: dict[str, Any]) -> None:
     settings = load_settings({**IN_PROCESS, "host": "127.0.0.1",
                               # a candidate on Janus's address too (see janus_tap_probe)
-                              "ice_addresses": f"127.0.0.1,{JANUS_ADDRESS}",
+                              "ice_addresses": f"127.0.0.1,{janus.ADDRESS}",
                               "data_dir": str(workdir / "data")})
     app = build_app(settings)
     server = TestServer(app, host="127.0.0.1")
@@ -183,7 +174,8 @@ async def run(seconds: float, workdir: Path, server_folder: Path,
     publisher = None
     try:
         async with aiohttp.ClientSession() as http:
-            await wait_http(http, f"http://127.0.0.1:{JANUS_HTTP_PORT}/janus/info", janus)
+            await janus.wait_http(http, f"http://127.0.0.1:{janus.HTTP_PORT}/janus/info",
+                                  janus_proc)
             await wait_server(http, whip)
             result["create_status"] = await create_endpoint(http)
             publisher = await publish(http, base, STREAM, video=PatternVideo(),
@@ -243,29 +235,20 @@ async def run(seconds: float, workdir: Path, server_folder: Path,
         if publisher is not None:
             await publisher.pc.close()
         await server.close()
-        stop_process(whip)
+        janus.stop_process(whip)
         if "endpoint_released_s" not in result:  # it failed: the servers' side of the story
             print(log.read_text()[-3000:], file=sys.stderr)
 
 
 def main() -> int:
     seconds = float(sys.argv[1])
-    setup_namespace()
+    janus.setup_namespace()
     result: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="whip-push-") as tmp:
         workdir = Path(tmp)
         server_folder = configure(workdir)
-        log = workdir / "janus.log"
-        with log.open("wb") as out:
-            janus = subprocess.Popen(
-                ["janus", f"--config={workdir / 'janus.jcfg'}", f"--configs-folder={workdir}"],
-                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            asyncio.run(run(seconds, workdir, server_folder, janus, result))
-        finally:
-            stop_process(janus)
-            if "endpoint_released_s" not in result:
-                print(log.read_text()[-3000:], file=sys.stderr)
+        with janus.running(workdir) as proc:
+            asyncio.run(run(seconds, workdir, server_folder, proc, result))
     print(json.dumps(result))
     return 0
 
