@@ -12,7 +12,7 @@ from pathlib import Path
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from sfu_sidecar import __version__, logs
+from sfu_sidecar import __version__, listeners, logs
 from sfu_sidecar.captions import routes as caption_routes
 from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.clock.service import ClockService
@@ -29,6 +29,7 @@ from sfu_sidecar.httpapi import (
 )
 from sfu_sidecar.lifecycle import Component, stop_on_signals
 from sfu_sidecar.limits import is_loopback
+from sfu_sidecar.listeners import install_hsts
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe.service import ProbeService
 from sfu_sidecar.relay.routes import RelayRoutes
@@ -196,6 +197,7 @@ def build_app(settings: Settings, components: Components | None = None) -> web.A
         handler_args={"auto_decompress": False},
     )
     install_cors(app, CorsPolicy(settings.cors_origins))
+    install_hsts(app, settings.hsts_max_age_s)
     services = Services(settings, components, time.monotonic())
     app[SERVICES_KEY] = services
     app[METRICS_KEY] = metrics
@@ -267,22 +269,25 @@ async def serve(
         app = build_app(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(
-        runner, settings.host, settings.port, shutdown_timeout=SHUTDOWN_BUDGET_S / 2
-    )
     stop = stop_on_signals()
+    listening = None
     try:
-        await site.start()
+        listening = await listeners.start(
+            runner, settings, shutdown_timeout=SHUTDOWN_BUDGET_S / 2,
+            registry=app[SERVICES_KEY].components.metrics.registry)
         log.info(
-            "listening on http://%s:%d", settings.host, settings.port,
-            extra={"version": __version__},
+            "listening on %s", ", ".join(listening.urls), extra={"version": __version__},
         )
+        if listening.reloader is not None:
+            log.info("serving the certificate %s", listening.reloader.certificate.describe())
         warn_about_open_doors(settings)
         if ready is not None:
             ready.set()
         await stop.wait()
         log.info("shutting down")
     finally:
+        if listening is not None:
+            await listening.close()
         await runner.cleanup()
         log.info("stopped")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,12 @@ def prepare(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) ->
     if args.command == "captions":
         return Invocation(f"captions {args.captions_command}", args, None)
     settings = _settings(args, env)
+    if settings.tls_cert is not None and settings.tls_key is not None:
+        # A certificate that will not load, or that browsers would refuse, stops the start here
+        # with its reason (exit 2), before any component starts.
+        from sfu_sidecar.tls import load_context
+
+        load_context(settings.tls_cert, settings.tls_key, now_s=time.time())
     if getattr(args, "workers", None) is not None:
         from sfu_sidecar.workers import check
 

@@ -196,6 +196,14 @@ def _parse_node_id(raw: RawValue) -> str | None:
     return value
 
 
+def _parse_optional_path(raw: RawValue) -> Path | None:
+    return _parse_path(raw) if _as_str(raw) else None
+
+
+def _parse_optional_port(raw: RawValue) -> int | None:
+    return _parse_int(1, 65535)(raw) if _as_str(raw) else None
+
+
 def _parse_path(raw: RawValue) -> Path:
     value = _as_str(raw)
     if not value:
@@ -360,7 +368,28 @@ class Settings:
     """Every knob of the service. Build with :func:`load_settings`, never field by field."""
 
     host: str = _setting("0.0.0.0", _parse_host, "address the HTTP server binds", metavar="ADDR")
-    port: int = _setting(8080, _parse_int(1, 65535), "HTTP port", metavar="PORT")
+    port: int = _setting(
+        8080, _parse_int(1, 65535), "HTTP port (HTTPS when tls_cert is set and https_port is not)",
+        metavar="PORT",
+    )
+    tls_cert: Path | None = _setting(
+        None, _parse_optional_path,
+        "PEM certificate, with its chain, to serve HTTPS with (needs tls_key); a new file is "
+        "picked up within 2 s, without a restart", metavar="FILE",
+    )
+    tls_key: Path | None = _setting(
+        None, _parse_optional_path, "PEM private key of tls_cert, unencrypted", metavar="FILE",
+    )
+    https_port: int | None = _setting(
+        None, _parse_optional_port,
+        "with tls_cert: serve HTTPS on this port and plain HTTP on port (unset: HTTPS alone, on "
+        "port)", metavar="PORT",
+    )
+    hsts_max_age_s: int = _setting(
+        0, _parse_int(0, 63072000),
+        "Strict-Transport-Security max-age sent with HTTPS responses (0: no header; browsers "
+        "then refuse plain HTTP to this host for that long)", metavar="SECONDS",
+    )
     data_dir: Path = _setting(
         Path("data"), _parse_path, "folder for durable state (caption store)", metavar="DIR"
     )
@@ -578,6 +607,22 @@ class Settings:
         "Bearer token sent to the WHIP endpoints of push_targets (not to pushes made over the "
         "API, which bring their own)", metavar="TOKEN", secret=True,
     )
+
+    def __post_init__(self) -> None:
+        # Settings that only make sense together, checked once whichever source gave them.
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("tls_cert and tls_key are given together (HTTPS needs both)")
+        if self.tls_cert is None and self.https_port is not None:
+            raise ConfigError("https_port needs tls_cert and tls_key")
+        if self.https_port is not None and self.https_port == self.port:
+            raise ConfigError("https_port must differ from port (unset it to serve HTTPS on "
+                              "port)")
+        if self.tls_cert is None and self.hsts_max_age_s:
+            raise ConfigError("hsts_max_age_s needs HTTPS (tls_cert and tls_key)")
+
+    @property
+    def tls(self) -> bool:
+        return self.tls_cert is not None
 
     def redacted(self) -> dict[str, str]:
         """Settings as strings for logs and status pages, secrets masked."""

@@ -53,12 +53,13 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from sfu_sidecar import logs
+from sfu_sidecar import listeners, logs
 from sfu_sidecar.app import install_event_loop_policy
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import ConfigError
 from sfu_sidecar.httpapi import CLIENT_HEADER, PROXY_KEY_HEADER
 from sfu_sidecar.lifecycle import stop_on_signals
+from sfu_sidecar.listeners import install_hsts
 
 log = logs.get("workers")
 
@@ -135,6 +136,8 @@ class Supervisor:
             # redis_url, each worker lists the streams published on it under that address
             # (unset, nothing is listed); siblings find each other through the supervisor.
             "--advertise-url", self.settings.advertise_url or "",
+            # The supervisor alone speaks HTTPS; its workers are reached over loopback.
+            "--tls-cert", "", "--tls-key", "", "--https-port", "", "--hsts-max-age-s", "0",
         ]
 
     async def _spawn(self, worker: Worker) -> None:
@@ -465,18 +468,20 @@ async def supervise(settings: Settings, count: int, argv: Sequence[str]) -> None
     public = web.Application(client_max_size=settings.max_body_bytes)
     public.router.add_route("*", "/{tail:.*}", supervisor.handle)
     public.on_shutdown.append(supervisor.end_streams)
+    install_hsts(public, settings.hsts_max_age_s)
     runner = web.AppRunner(public, access_log=None, handle_signals=False)
     stop = stop_on_signals()
     await runner.setup()
+    listening = None
     try:
         await supervisor.start()
-        site = web.TCPSite(runner, settings.host, settings.port)
-        await site.start()
-        log.info("listening on http://%s:%d with %d workers", settings.host, settings.port,
-                 count)
+        listening = await listeners.start(runner, settings)
+        log.info("listening on %s with %d workers", ", ".join(listening.urls), count)
         await stop.wait()
         log.info("shutting down")
     finally:
+        if listening is not None:
+            await listening.close()
         await runner.cleanup()
         await supervisor.stop()
         await directory_runner.cleanup()
