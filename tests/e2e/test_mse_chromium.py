@@ -140,7 +140,13 @@ def test_mse_playback_moves_drifted_media_back_onto_the_caption_timeline(latency
     # After it, within 2 ms: the correction is measured off the buffered range's edges, which
     # lie within a millisecond of the segment's first frame (WebM stores milliseconds).
     assert before[-2] <= 0.001 and after[-2] <= 0.002, (before[-3:], after[-3:])
-    assert len(frames) - first >= 2.5 / FRAME_S  # seconds played after it
+    # Playback went on after it: 2.5 s of media, at least half its frames presented (Chromium
+    # short of CPU drops some: 74 of 75 once, beside an install).
+    played_s = frames[-1]["frameS"] - frames[first]["frameS"]
+    assert played_s >= 2.5 and len(frames) - first >= 0.5 * played_s / FRAME_S, (
+        played_s, len(frames) - first)
+    print(f"after the resync: {played_s:.2f} s of media played, {len(frames) - first} frames "
+          f"presented ({(len(frames) - first) * FRAME_S / played_s:.0%} of them)")
     print(f"\n{codec}: drift resync at {correction['atS']:.2f} s by "
           f"{correction['correctionS'] * 1e3:.1f} ms; {first} frames before, "
           f"{len(frames) - first} after")
@@ -162,7 +168,10 @@ def test_mse_playback_starts_over_after_a_segment_the_browser_refuses() -> None:
     frames = result["frames"]
     bad_s = int(corrupted.split(".")[0]) / 1000  # a segment's number is its start in ms
     after = [f for f in frames if f["frameS"] > bad_s]
-    assert len(after) >= 2.0 / FRAME_S, (len(after), stats)
+    # Playback went on past it: 2 s of media, at least half its frames presented.
+    played_s = after[-1]["frameS"] - after[0]["frameS"] if after else 0.0
+    assert played_s >= 2.0 and len(after) >= 0.5 * played_s / FRAME_S, (played_s, len(after),
+                                                                           stats)
     times = [f["frameS"] for f in frames]
     assert times == sorted(times), "a frame was shown again after the restart"
     errors = sorted(pts_error_s(result, f) for f in after
