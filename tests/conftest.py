@@ -41,7 +41,7 @@ TOOL_PACKAGES = {
     "mount": "mount", "mkfs.ext4": "e2fsprogs", "e2fsck": "e2fsprogs", "janus": "janus",
     "turnserver": "coturn", "redis-server": "redis-server", "pulseaudio": "pulseaudio",
     "parec": "pulseaudio-utils", "pactl": "pulseaudio-utils", "server.js": "simple-whip-server",
-    "certutil": "libnss3-tools",
+    "certutil": "libnss3-tools", "podman": "podman", "runc": "runc", "debootstrap": "debootstrap",
 }
 NOT_RUN = "NOT RUN: "
 
