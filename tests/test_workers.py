@@ -9,6 +9,7 @@ is started again; the client's address reaches the workers only through the supe
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import threading
@@ -390,3 +391,39 @@ async def test_live_captions_and_a_segment_being_made_stream_through_the_supervi
         assert time.monotonic() - started < 8
         listening.close()
         assert not [pid for pid in pids if _running(pid)], pids
+
+
+@pytest.mark.system
+def test_the_supervisor_serves_https_and_its_workers_stay_on_loopback_http(
+        tmp_path: Path) -> None:
+    """With a certificate, the one port speaks HTTPS (here beside plain HTTP on another): the
+    supervisor terminates TLS and sends HSTS; its workers get neither and answer through it."""
+    import ssl
+    import urllib.request
+
+    from tests.conftest import free_port
+    from tests.support.certs import TestCA
+
+    ca = TestCA()
+    cert, key = ca.issue("127.0.0.1").write(tmp_path)
+    https_port = free_port()
+    server = ServerProcess(["--workers", "2", "--data-dir", str(tmp_path / "data"),
+                            "--ice-addresses", "127.0.0.1", "--tls-cert", str(cert),
+                            "--tls-key", str(key), "--https-port", str(https_port),
+                            "--hsts-max-age-s", "300", "--log-level", "warning"])
+    try:
+        server.wait_ready(30)
+        context = ssl.create_default_context(cadata=ca.pem.decode())
+        with urllib.request.urlopen(f"https://127.0.0.1:{https_port}/api/workers",
+                                    context=context, timeout=5) as resp:
+            assert resp.headers["Strict-Transport-Security"] == "max-age=300"
+            workers = json.loads(resp.read())["workers"]
+        assert len(workers) == 2 and all(w["alive"] for w in workers), workers
+        # Each worker listens in plain HTTP on loopback, where the supervisor reaches it.
+        for worker in workers:
+            with urllib.request.urlopen(f"http://127.0.0.1:{worker['port']}/healthz",
+                                        timeout=5) as resp:
+                assert resp.status == 200
+                assert "Strict-Transport-Security" not in resp.headers
+    finally:
+        assert server.stop() == 0

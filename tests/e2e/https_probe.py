@@ -39,11 +39,20 @@ PAGE_TIMEOUT_MS = 30_000
 
 
 def setup_namespace() -> None:
+    # No IPv6 here: link-local addresses appearing a moment after the link comes up make
+    # Chromium's network-change notifier abort the page's loads (ERR_NETWORK_CHANGED).
+    for conf in ("all", "default"):
+        Path(f"/proc/sys/net/ipv6/conf/{conf}/disable_ipv6").write_text("1")
     # A veth pair (this kernel has no dummy interfaces): the address lives on one end.
     for cmd in ("ip link add https0 type veth peer name https0p",
                 f"ip addr add {ADDRESS}/24 dev https0", "ip link set https0 up",
                 "ip link set https0p up"):
         subprocess.run(cmd.split(), check=True, capture_output=True, timeout=10)
+    # Up with a carrier before anything starts: no change left for Chromium to notice.
+    wait("the veth link up", lambda: "state UP" in subprocess.run(
+        ["ip", "-o", "link", "show", "https0"], capture_output=True, text=True,
+        timeout=5).stdout, 10)
+    time.sleep(0.5)
 
 
 def trust(home: Path, ca: TestCA) -> None:
