@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from sfu_sidecar import streamname
 from sfu_sidecar.exceptions import ConfigError
+from sfu_sidecar.streamname import is_stream_name
 
 ENV_PREFIX = "SFU_SIDECAR_"
 
@@ -174,9 +176,8 @@ def _parse_push_targets(raw: RawValue) -> tuple[PushTarget, ...]:
     for item in _split_list(raw):
         stream, sep, url = item.partition("=")
         stream, url = stream.strip(), url.strip()
-        if not sep or not re.fullmatch(r"[A-Za-z0-9_.~-]{1,128}", stream):
-            raise _Invalid(f"{item!r}: expected STREAM=URL, the stream 1-128 characters of "
-                           "A-Z a-z 0-9 _ . ~ -")
+        if not sep or not is_stream_name(stream):
+            raise _Invalid(f"{item!r}: expected STREAM=URL, the stream {streamname.RULE}")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc:
             raise _Invalid(f"{item!r}: the WHIP endpoint must be an http(s) URL")

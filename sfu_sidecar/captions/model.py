@@ -15,6 +15,7 @@ from typing import Any
 from sfu_sidecar.captions import webvtt
 from sfu_sidecar.captions.events import Cue, CueRetract
 from sfu_sidecar.exceptions import BadInput, PayloadTooLarge, Unprocessable
+from sfu_sidecar.streamname import RULE, is_stream_name
 
 MAX_CUES_PER_REQUEST = 500
 MAX_TEXT_CHARS = 2000
@@ -25,7 +26,6 @@ MAX_STREAM_MS = 10 * 366 * 86_400_000
 # House-time cues more than a day away from now are absurd (a wrong clock or wrong unit).
 MAX_HOUSE_SKEW_NS = 86_400 * 10**9
 
-STREAM_RE = re.compile(r"[A-Za-z0-9._~-]{1,128}")
 LANG_RE = re.compile(r"[A-Za-z]{1,8}(?:-[A-Za-z0-9]{1,8}){0,4}")
 CUE_ID_RE = re.compile(r"[A-Za-z0-9._~:@+-]{1,128}")
 TIMEBASES = ("house_ns", "stream_s")
@@ -115,8 +115,8 @@ class IngestBatch:
 
 
 def check_stream(stream: str) -> str:
-    if STREAM_RE.fullmatch(stream) is None:
-        raise BadInput("stream names are 1-128 characters of A-Z a-z 0-9 . _ ~ -")
+    if not is_stream_name(stream):
+        raise BadInput(f"stream names are {RULE}")
     return stream
 
 

@@ -26,12 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfu_sidecar.exceptions import BadInput
+from sfu_sidecar.streamname import RULE, is_stream_name
 
 S = 1_000_000_000
 # NVML initialisation is retried this often after it failed (a driver loaded later).
 NVML_RETRY_NS = 60 * S
 RENDERER_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:~-]{0,63}")
-STREAM_NAME = re.compile(r"[A-Za-z0-9_.~-]{1,128}")  # as WHIP accepts it
 MAX_RENDERERS = 64
 HISTORY = 120  # reports kept per renderer
 FRAGMENTATION_SPIKE = 0.68  # where the gpu_fragmentation alert is raised
@@ -200,9 +200,8 @@ class AllocatorReport:
         if not isinstance(renderer, str) or not RENDERER_NAME.fullmatch(renderer):
             raise BadInput("renderer must be 1-64 characters of A-Z a-z 0-9 _ . : ~ -")
         stream = obj.get("stream")
-        if stream is not None and (not isinstance(stream, str)
-                                   or not STREAM_NAME.fullmatch(stream)):
-            raise BadInput("stream must be a stream name (1-128 of A-Z a-z 0-9 _ . ~ -)")
+        if stream is not None and not is_stream_name(stream):
+            raise BadInput(f"stream must be a stream name ({RULE})")
         device = obj.get("device")
         if device is not None:
             device = _count(obj, "device", 1 << 16)

@@ -35,10 +35,11 @@ from sfu_sidecar.relay.push import parse_push_request
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 from sfu_sidecar.relay.tap import TapSession, parse_tap_request, tap_request_from_sdp
+from sfu_sidecar.streamname import ROUTE_VARIABLE
 
 SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"
-STREAM_PATTERN = r"{stream:[A-Za-z0-9_.~-]{1,128}}"
+STREAM_PATTERN = ROUTE_VARIABLE
 SESSION_PATTERN = r"{session:[0-9a-f]{32}}"
 TAP_PATTERN = r"{tap:[0-9a-f]{32}}"
 FEED_PATTERN = r"{feed:[0-9a-f]{32}}"

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sfu_sidecar import logs
+from sfu_sidecar import logs, streamname
 from sfu_sidecar.config import PortRange, Settings
 from sfu_sidecar.exceptions import AtCapacity, BadInput
 from sfu_sidecar.relay import rtcp
@@ -38,10 +38,10 @@ from sfu_sidecar.relay.receiver import PublisherTrack
 from sfu_sidecar.relay.sdp import FORWARDABLE, CodecInfo
 from sfu_sidecar.relay.session import PublisherSource, StreamSlot
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
+from sfu_sidecar.streamname import is_stream_name
 
 log = logs.get("relay.tap")
 
-STREAM_NAME = re.compile(r"[A-Za-z0-9_.~-]{1,128}")
 CLOCK_RATES = {"opus": 48000, "vp8": 90000, "vp9": 90000, "h264": 90000}
 # What an H.264 tap may say about its stream: the profile viewers negotiate, and the one
 # packetization mode the relay forwards.
@@ -84,8 +84,8 @@ def check_int(value: Any, what: str, low: int, high: int) -> int:
 
 
 def check_stream(value: Any) -> str:
-    if not isinstance(value, str) or STREAM_NAME.fullmatch(value) is None:
-        raise BadInput("stream must be 1-128 characters of A-Z a-z 0-9 _ . ~ -")
+    if not is_stream_name(value):
+        raise BadInput(f"stream must be {streamname.RULE}")
     return value
 
 
