@@ -28,6 +28,7 @@ SECONDS = 30
 # of 2849 frames still (rightly) from arrival.
 SETTLE_S = 5
 FRAME_MS_30FPS = 33.4
+CHROMIUM_TRUSTED_BY_S = 12
 
 
 def probe(kind: str, viewer: str = "aiortc", seconds: int = SECONDS) -> dict[str, Any]:
@@ -96,11 +97,18 @@ def test_chromium_publisher_fake_camera_and_microphone(act: bool) -> None:
     assert result["publish"]["act"] is act
     steady_timeline(result, video_fps=20)  # the fake camera's rate
     source = "abs_capture_time" if act else "sender_report"
-    for media in ("video", "audio"):
+    for media, fps in (("video", 20), ("audio", 50)):
         fig = result[media]
-        # Before the second report vouches for the first, frames map by arrival.
-        assert fig["sources"].get(source, 0) >= 0.85 * fig["frames"], (media, fig)
+        # Before the second report vouches for the first, frames map by arrival, and from
+        # then on by the negotiated source. Chromium reports audio every ~5 s (RFC 3550's
+        # minimum, randomized by 0.5-1.5), so the second report may come 10 s in, and later
+        # on a loaded machine: arrival for at most the first 12 s.
+        assert set(fig["sources"]) <= {source, "arrival"}, (media, fig)
+        arrival_s = fig["sources"].get("arrival", 0) / fps
+        assert arrival_s <= CHROMIUM_TRUSTED_BY_S - SETTLE_S, (media, fig)
         assert track_status(result, media)["sender_reports_distrusted"] is None
+        print(f"{media}: mapped by arrival for {arrival_s:.1f} s after the settle window, "
+              f"then by {source}")
 
 
 @pytest.mark.browser
