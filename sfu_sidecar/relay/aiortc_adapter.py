@@ -320,6 +320,29 @@ def rtcp_ssrc(pc: RTCPeerConnection) -> int:
 # --- ICE ------------------------------------------------------------------------------------
 
 
+def _is_local(address: str) -> bool:
+    """Whether a socket can be bound to ``address`` on this host (any free port)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((address, 0))
+        except OSError as exc:
+            return exc.errno != errno.EADDRNOTAVAIL
+    return True
+
+
+def _port_taken(host: str, port: int, family6: bool) -> bool:
+    """Whether ``port`` is in use on ``host``: the one bind failure worth trying another port
+    of the range for."""
+    with socket.socket(socket.AF_INET6 if family6 else socket.AF_INET,
+                       socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            return exc.errno == errno.EADDRINUSE
+    return False
+
+
 async def _bind(
     connection: Any, address: str, ports: PortRange | None
 ) -> tuple[asyncio.DatagramTransport, Any] | None:
@@ -332,7 +355,10 @@ async def _bind(
         span = ports.high - ports.low + 1
         start = random.randrange(span)
         candidates = (ports.low + (start + i) % span for i in range(span))
-    bind_host = address
+    # Announced but not local (1:1 NAT, a container's published ports): listen on every
+    # address and announce this one. Asked of the kernel directly, because uvloop's bind error
+    # carries no errno to tell "not local" from "in use".
+    bind_host = address if _is_local(address) else ("::" if family6 else "0.0.0.0")
 
     async def bind(host: str, port: int) -> tuple[Any, Any]:
         return await loop.create_datagram_endpoint(
@@ -345,15 +371,7 @@ async def _bind(
         try:
             return await bind(bind_host, port)
         except OSError as exc:
-            if exc.errno == errno.EADDRNOTAVAIL and bind_host == address:
-                # Announced but not local (1:1 NAT, container): listen on every address
-                # and announce this one.
-                bind_host = "::" if family6 else "0.0.0.0"
-                try:
-                    return await bind(bind_host, port)
-                except OSError:
-                    continue
-            if exc.errno != errno.EADDRINUSE:
+            if ports is None or not _port_taken(bind_host, port, family6):
                 log.warning("cannot bind ICE socket on %s: %s", address, exc)
                 return None
     log.warning("no free UDP port for ICE on %s in %s", address, ports)

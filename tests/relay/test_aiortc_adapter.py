@@ -101,3 +101,40 @@ async def test_close_peer_after_a_failed_negotiation() -> None:
         await pc.setLocalDescription(await pc.createAnswer())
     await aiortc_adapter.close_peer(pc)
     assert pc.connectionState == "closed"
+
+
+async def _gather_on_an_address_not_of_this_host() -> tuple[list[str], list[tuple[str, int]]]:
+    pc = client_pc()
+    try:
+        pc.addTransceiver("video", direction="recvonly")
+        low = free_port()
+        aiortc_adapter.install_ice(pc, ("192.0.2.7",), PortRange(low, low + 9))
+        await pc.setLocalDescription(await pc.createOffer())
+        candidates = [line for line in pc.localDescription.sdp.splitlines()
+                      if line.startswith("a=candidate:")]
+        bound = [p.transport.get_extra_info("sockname")[:2]
+                 for d in aiortc_adapter.dtls_transports(pc)
+                 for p in d.transport.iceGatherer._connection._protocols]
+        assert all(low <= port <= low + 9 for _, port in bound), (bound, low)
+        return candidates, bound
+    finally:
+        await pc.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_an_announced_address_that_is_not_local_is_listened_for_on_every_address(
+        loop: str) -> None:
+    """1:1 NAT, a container's published ports: ice_addresses names the address clients reach,
+    which no interface here has. The candidate announces it, the socket listens on every
+    address at the same port. With uvloop too, whose bind error carries no errno."""
+    import asyncio
+
+    import uvloop
+
+    factory = uvloop.new_event_loop if loop == "uvloop" else asyncio.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        candidates, bound = runner.run(_gather_on_an_address_not_of_this_host())
+    assert candidates and all(" 192.0.2.7 " in c for c in candidates), candidates
+    assert bound and all(host == "0.0.0.0" for host, _ in bound), bound
+    assert {int(c.split()[5]) for c in candidates} == {port for _, port in bound}
