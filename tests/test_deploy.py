@@ -178,7 +178,11 @@ def _sidecar_settings_env(env: dict[str, str]) -> dict[str, str]:
     """What the sidecar's process sees: the Dockerfile's ENV, then the compose environment."""
     document = compose_document(env)
     merged = dockerfile_env(dockerfile_stages(DOCKERFILE)[-1])
-    merged.update({k: str(v) for k, v in document["services"]["sidecar"]["environment"].items()})
+    for key, value in document["services"]["sidecar"]["environment"].items():
+        if value is not None:
+            merged[key] = str(value)
+        elif key in env:  # a name without a value passes the shell's variable through
+            merged[key] = env[key]
     return merged
 
 
@@ -193,7 +197,7 @@ def test_every_sfu_sidecar_variable_set_is_a_real_setting_and_loads() -> None:
     assert settings.data_dir == Path("/data")
     assert settings.ice_addresses == ("203.0.113.7",)
     assert settings.publish_token == "pub-token"
-    assert settings.view_token is None  # an empty variable leaves the setting unset
+    assert settings.view_token is None  # not set in the shell: not passed, the setting unset
     assert settings.ptp_interface is None
     # TURN credentials reach the clients' ice_servers, with the coturn service's user.
     turn = [s for s in settings.ice_servers if s.url.startswith("turn:")]
