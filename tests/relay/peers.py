@@ -212,12 +212,16 @@ async def view(
     data_channel: bool | str = False,
     decode: bool = True,
     reliable: bool = False,
+    ice_addresses: tuple[str, ...] | None = LOOPBACK,
+    configuration: RTCConfiguration | None = None,
 ) -> Peer:
     """A WHEP viewer; ``data_channel`` offers a channel (a str names it: ``"sync"`` is opened
     unordered without retransmissions, as proto/sync.md asks of viewers, unless ``reliable``
     says to open it ordered and reliable as a client that ignores that advice would).
-    ``decode=False`` records every packet but spares the CPU of decoding it."""
-    pc = client_pc()
+    ``decode=False`` records every packet but spares the CPU of decoding it. Host candidates
+    are gathered on ``ice_addresses`` only; with None, aiortc gathers as it would (STUN and
+    TURN of ``configuration`` included)."""
+    pc = client_pc() if configuration is None else RTCPeerConnection(configuration)
     tracks: dict[str, MediaStreamTrack] = {}
 
     @pc.on("track")
@@ -231,7 +235,8 @@ async def view(
         channel = pc.createDataChannel("sync", ordered=False, maxRetransmits=0)
     elif data_channel:
         channel = pc.createDataChannel(data_channel if isinstance(data_channel, str) else "hello")
-    aiortc_adapter.install_ice(pc, LOOPBACK, None)
+    if ice_addresses is not None:
+        aiortc_adapter.install_ice(pc, ice_addresses, None)
     await pc.setLocalDescription(await pc.createOffer())
     location, answer = await _post(http, f"{base}/whep/{stream}", pc.localDescription.sdp, token)
     peer = Peer(pc, location, answer, tracks=tracks, channel=channel, decode=decode)

@@ -106,4 +106,46 @@ def running(image: str, name: str, *args: str) -> Iterator[str]:
               + podman("logs", name, check=False).stderr[-3000:])
         raise
     finally:
-        podman("rm", "-f", "-t", "2", name, check=False, runtime=True)
+        # -v: with the anonymous volume the image's VOLUME made for it.
+        podman("rm", "-f", "-v", "-t", "2", name, check=False, runtime=True)
+
+
+COTURN = "docker.io/coturn/coturn:4.6"
+COTURN_CONTAINERFILE = f"""\
+FROM {DEBIAN}
+RUN apt-get update \\
+    && apt-get install -y --no-install-recommends coturn \\
+    && rm -rf /var/lib/apt/lists/*
+ENTRYPOINT ["turnserver"]
+"""
+# The images docker-compose.yml names, by the names podman resolves them to locally.
+COMPOSE_IMAGES = {
+    "sidecar": "localhost/sfu-sidecar:latest",
+    "janus": "localhost/sfu-sidecar-janus:latest",
+    "ptp4l": "localhost/sfu-sidecar-ptp4l:latest",
+}
+
+
+def ensure_compose_images(root: Path) -> None:
+    """The compose file's images: its own built from this checkout (cached layers make a
+    rebuild of an unchanged one quick), coturn's stand-in from Debian's package once."""
+    ensure_base_images()
+    build(root, COMPOSE_IMAGES["sidecar"])
+    build(root / "deploy" / "janus", COMPOSE_IMAGES["janus"])
+    build(root / "deploy" / "ptp", COMPOSE_IMAGES["ptp4l"])
+    with LOCK.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not exists(COTURN):
+            with tempfile.TemporaryDirectory(prefix="coturn-image-") as tmp:
+                folder = Path(tmp)
+                (folder / "Containerfile").write_text(COTURN_CONTAINERFILE)
+                build(folder, COTURN, folder / "Containerfile")
+
+
+def engine_conf(folder: Path) -> Path:
+    """A containers.conf for podman-compose's podman: runc with cgroupfs and rlimits it can
+    set, as :data:`RUN` and :data:`RUN_LIMITS` give a direct ``podman run``."""
+    conf = folder / "containers.conf"
+    conf.write_text('[containers]\ndefault_ulimits = ["nofile=4096:4096", "nproc=4096:4096"]\n'
+                    '[engine]\nruntime = "runc"\ncgroup_manager = "cgroupfs"\n')
+    return conf
