@@ -126,7 +126,8 @@ def prepare(argv: Sequence[str] | None, env: Mapping[str, str] | None = None) ->
     if args.command == "captions":
         return Invocation(f"captions {args.captions_command}", args, None)
     settings = _settings(args, env)
-    if settings.tls_cert is not None and settings.tls_key is not None:
+    if args.command in ("serve", "demo") and settings.tls_cert is not None \
+            and settings.tls_key is not None:
         # A certificate that will not load, or that browsers would refuse, stops the start here
         # with its reason (exit 2), before any component starts.
         from sfu_sidecar.tls import load_context

@@ -621,10 +621,6 @@ class Settings:
         if self.tls_cert is None and self.hsts_max_age_s:
             raise ConfigError("hsts_max_age_s needs HTTPS (tls_cert and tls_key)")
 
-    @property
-    def tls(self) -> bool:
-        return self.tls_cert is not None
-
     def redacted(self) -> dict[str, str]:
         """Settings as strings for logs and status pages, secrets masked."""
         out = {}

@@ -83,11 +83,13 @@ async def start(runner: web.AppRunner, settings: Settings, *, shutdown_timeout: 
                           shutdown_timeout=shutdown_timeout).start()
         out.urls.append(_url("https", settings.host, https_port))
         out.reloader = reloader
-        out._watch = asyncio.create_task(reloader.watch(), name="tls-certificate-watch")
     if plain_port is not None:
         await web.TCPSite(runner, settings.host, plain_port,
                           shutdown_timeout=shutdown_timeout).start()
         out.urls.insert(0, _url("http", settings.host, plain_port))
+    # Watched once every site listens: a site that fails to start leaves no task behind.
+    if out.reloader is not None:
+        out._watch = asyncio.create_task(out.reloader.watch(), name="tls-certificate-watch")
     return out
 
 

@@ -97,6 +97,9 @@ def load_context(cert: Path, key: Path, *, now_s: float) -> tuple[ssl.SSLContext
             raise ConfigError(f"tls_key {key}: does not match the certificate {cert}") from None
         raise ConfigError(f"tls_key {key}: not a usable PEM private key for {cert} "
                           f"({exc.reason or exc})") from None
+    except OSError as exc:  # a file replaced or removed between the reads and the load
+        raise ConfigError(f"tls_cert {cert} / tls_key {key}: cannot be read: "
+                          f"{exc.strerror or exc}") from None
     context.set_alpn_protocols(["http/1.1"])
     fingerprint = hashlib.sha256(leaf.public_bytes(Encoding.DER)).hexdigest()
     return context, Certificate(leaf.subject.rfc4514_string(), leaf.not_valid_after_utc,
@@ -121,10 +124,11 @@ class CertificateReloader:
     def __init__(self, cert: Path, key: Path, *, now_s: float,
                  on_change: Callable[[Certificate], None] | None = None) -> None:
         self.cert, self.key = cert, key
+        # Stamped before loading: files replaced meanwhile are seen as changed at the next check.
+        self._stamps = (_stamp(cert), _stamp(key))
         self.context, self.certificate = load_context(cert, key, now_s=now_s)
         self.context.sni_callback = self._pick
         self._current = self.context
-        self._stamps = (_stamp(cert), _stamp(key))
         self._refused: tuple[object, ...] | None = None
         self.reloads = 0
         self.refused = 0
@@ -164,4 +168,8 @@ class CertificateReloader:
         """Check the files every :data:`RELOAD_CHECK_S` until cancelled."""
         while True:
             await asyncio.sleep(RELOAD_CHECK_S)
-            self.check(clock())
+            try:
+                self.check(clock())
+            except Exception:  # the pair in use keeps serving; the watch must not end
+                log.exception("checking the certificate files failed; still serving %s",
+                              self.certificate.describe())

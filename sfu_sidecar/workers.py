@@ -477,6 +477,8 @@ async def supervise(settings: Settings, count: int, argv: Sequence[str]) -> None
         await supervisor.start()
         listening = await listeners.start(runner, settings)
         log.info("listening on %s with %d workers", ", ".join(listening.urls), count)
+        if listening.reloader is not None:
+            log.info("serving the certificate %s", listening.reloader.certificate.describe())
         await stop.wait()
         log.info("shutting down")
     finally:

@@ -323,23 +323,25 @@ def rtcp_ssrc(pc: RTCPeerConnection) -> int:
 def _is_local(address: str) -> bool:
     """Whether a socket can be bound to ``address`` on this host (any free port)."""
     family = socket.AF_INET6 if ":" in address else socket.AF_INET
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        try:
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
             probe.bind((address, 0))
-        except OSError as exc:
-            return exc.errno != errno.EADDRNOTAVAIL
+    except OSError as exc:
+        # Only "not an address of this host" means bind elsewhere; any other refusal (no IPv6
+        # here) is for the bind itself to report.
+        return exc.errno != errno.EADDRNOTAVAIL
     return True
 
 
 def _port_taken(host: str, port: int, family6: bool) -> bool:
     """Whether ``port`` is in use on ``host``: the one bind failure worth trying another port
     of the range for."""
-    with socket.socket(socket.AF_INET6 if family6 else socket.AF_INET,
-                       socket.SOCK_DGRAM) as probe:
-        try:
+    try:
+        with socket.socket(socket.AF_INET6 if family6 else socket.AF_INET,
+                           socket.SOCK_DGRAM) as probe:
             probe.bind((host, port))
-        except OSError as exc:
-            return exc.errno == errno.EADDRINUSE
+    except OSError as exc:
+        return exc.errno == errno.EADDRINUSE
     return False
 
 
@@ -371,11 +373,26 @@ async def _bind(
         try:
             return await bind(bind_host, port)
         except OSError as exc:
-            if ports is None or not _port_taken(bind_host, port, family6):
-                log.warning("cannot bind ICE socket on %s: %s", address, exc)
-                return None
+            if ports is not None and _port_taken(bind_host, port, family6):
+                continue
+            if ports is not None:
+                try:  # freed since it was refused: once more, or the refusal is not the port
+                    return await bind(bind_host, port)
+                except OSError:
+                    pass
+            log.warning("cannot bind ICE socket on %s: %s", address, exc)
+            return None
     log.warning("no free UDP port for ICE on %s in %s", address, ports)
     return None
+
+
+def ice_socknames(pc: RTCPeerConnection) -> list[tuple[str, int]]:
+    """Where the connection's ICE sockets are bound (host, port): what gathering chose."""
+    out = []
+    for dtls in dtls_transports(pc):
+        for protocol in dtls.transport.iceGatherer._connection._protocols:
+            out.append(tuple(protocol.transport.get_extra_info("sockname")[:2]))
+    return out
 
 
 def install_ice(
