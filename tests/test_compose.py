@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import re
 import secrets
 import statistics
 import subprocess
@@ -148,11 +149,18 @@ async def test_every_service_comes_up(stack: Stack) -> None:
     states = {name: containers.inspect("container", name)["State"]["Status"]
               for name in stack.left()}
     assert set(states.values()) == {"running"}, states
-    # coturn grants the credentials the sidecar hands its clients a relay on PUBLIC_IP, in the
-    # published relay range.
+    # coturn grants the credentials the sidecar hands its clients (Link headers, RFC 9725) a
+    # relay on PUBLIC_IP, in the published relay range.
+    async with aiohttp.ClientSession() as http, http.options(
+            stack.sidecar + "/whep/anything") as resp:
+        links = resp.headers.getall("Link", [])
+    (link,) = [x for x in links if x.startswith("<turn:")]
+    fields = dict(re.findall(r'(\w+)="([^"]*)"', link))
+    url = link[1:link.index(">")]
+    assert url == f"turn:{stack.gateway}:3478?transport=udp", link
     transport, _ = await asyncio.wait_for(turn.create_turn_endpoint(
-        asyncio.DatagramProtocol, server_addr=(stack.gateway, 3478), username="sidecar",
-        password=stack.turn_password), 10)
+        asyncio.DatagramProtocol, server_addr=(stack.gateway, 3478),
+        username=fields["username"], password=fields["credential"]), 10)
     try:
         host, port = transport.get_extra_info("sockname")
     finally:

@@ -42,12 +42,14 @@ async def serving(settings: Settings) -> AsyncIterator[listeners.Listeners]:
     app = build_app(settings)
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
     await runner.setup()
-    listening = await listeners.start(runner, settings,
-                                      registry=app[SERVICES_KEY].components.metrics.registry)
+    listening = None
     try:
+        listening = await listeners.start(
+            runner, settings, registry=app[SERVICES_KEY].components.metrics.registry)
         yield listening
     finally:
-        await listening.close()
+        if listening is not None:
+            await listening.close()
         await runner.cleanup()
 
 

@@ -121,21 +121,3 @@ def test_rotation_serves_the_new_pair_and_a_bad_pair_keeps_the_old(
     assert [c.sha256 for c in changes] == [second.sha256]
     assert reloader.reloads == 1
 
-
-def test_the_listening_context_hands_new_connections_the_latest_pair(
-        ca: TestCA, tmp_path: Path) -> None:
-    """The switch is made in the handshake's server-name callback (also without SNI)."""
-    first, second = ca.issue("a"), ca.issue("a")
-    cert, key = first.write(tmp_path)
-    reloader = CertificateReloader(cert, key, now_s=NOW)
-    assert reloader.context.sni_callback is not None
-    bump(cert, second.cert_pem)
-    bump(key, second.key_pem)
-    assert reloader.check(NOW)
-
-    class Conn:
-        context = reloader.context
-
-    conn = Conn()
-    reloader.context.sni_callback(conn, None, reloader.context)  # type: ignore[arg-type]
-    assert conn.context is not reloader.context  # moved to the new pair's context

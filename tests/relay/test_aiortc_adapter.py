@@ -112,9 +112,7 @@ async def _gather_on_an_address_not_of_this_host() -> tuple[list[str], list[tupl
         await pc.setLocalDescription(await pc.createOffer())
         candidates = [line for line in pc.localDescription.sdp.splitlines()
                       if line.startswith("a=candidate:")]
-        bound = [p.transport.get_extra_info("sockname")[:2]
-                 for d in aiortc_adapter.dtls_transports(pc)
-                 for p in d.transport.iceGatherer._connection._protocols]
+        bound = aiortc_adapter.ice_socknames(pc)
         assert all(low <= port <= low + 9 for _, port in bound), (bound, low)
         return candidates, bound
     finally:

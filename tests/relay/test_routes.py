@@ -408,7 +408,7 @@ async def test_new_viewers_are_refused_while_the_process_is_over_its_cpu_limit(
 
     The load is two threads hashing large buffers, which release the GIL: with the other cores
     busy (another test's browser, a busy loop) the process still gets its share of the machine,
-    where one Python thread spinning against the event loop for the GIL stayed under 60 %."""
+    which one Python thread contending with the event loop for the GIL does not."""
     relay: Relay = await relay_factory(max_cpu_percent="60")
     pub = await publish(relay.http, relay.base, "busy", video=PatternVideo())
     first = await view(relay.http, relay.base, "busy", kinds=("video",))

@@ -77,9 +77,14 @@ def ensure_base_images() -> None:
                 subprocess.run(["debootstrap", "--variant=minbase", "bookworm", rootfs, MIRROR],
                                check=True, capture_output=True, timeout=900)
                 tar = subprocess.Popen(["tar", "-C", rootfs, "-c", "."], stdout=subprocess.PIPE)
-                subprocess.run(["podman", "import", "-", DEBIAN], stdin=tar.stdout, check=True,
-                               capture_output=True, timeout=300)
-                assert tar.wait(60) == 0
+                assert tar.stdout is not None
+                try:
+                    subprocess.run(["podman", "import", "-", DEBIAN], stdin=tar.stdout,
+                                   check=True, capture_output=True, timeout=300)
+                finally:
+                    tar.stdout.close()  # tar gets SIGPIPE rather than blocking if import failed
+                    if tar.wait(60) != 0:
+                        raise AssertionError("tar of the bookworm root file system failed")
         if not exists(PYTHON):
             with tempfile.TemporaryDirectory(prefix="python-image-") as tmp:
                 folder = Path(tmp)

@@ -41,8 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(
         config: pytest.Config, items: list[pytest.Item]) -> Generator[None, None, None]:
-    # A wrapper, to come before xdist's own hook, which reads the marks to name each test's
-    # group (a plain hook marked tryfirst came after it).
+    # A wrapper: wrappers run before every plain hook, xdist's included, which reads the marks
+    # to name each test's group.
     if _split(config):
         _group(items)
     return (yield)
