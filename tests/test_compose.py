@@ -46,7 +46,7 @@ from tests.conftest import ROOT
 from tests.relay.peers import client_pc, view, wait_for
 from tests.relay.test_cascade import caption_errors
 from tests.support import containers
-from tests.support.janus import JanusHttp
+from tests.support.janus import JanusHttp, publish_in_videoroom
 from tests.sync.test_channel import _mid, collect, decoded_frames
 
 pytestmark = [pytest.mark.needs("podman", "podman-compose", "debootstrap", "runc"),
@@ -178,23 +178,14 @@ async def test_janus_forwards_to_a_sidecar_tap_and_its_viewer_sees_captions_on_t
         await until_ok(http, stack.sidecar + "/healthz")
         await until_ok(http, stack.janus + "/info")
         api = JanusHttp(http, stack.janus)
-        await api.create()
-        handle = await api.attach("janus.plugin.videoroom")
-        await api.message(handle, {"request": "join", "ptype": "publisher", "room": ROOM,
-                                   "display": "renderer"})
-        publisher_id = (await api.event())["plugindata"]["data"]["id"]
         timeline = Timeline.starting_now(time.time_ns)
         video = FlashVideoTrack(timeline)
         pc.addTransceiver(BeepAudioTrack(timeline), direction="sendonly")
         pc.addTransceiver(video, direction="sendonly")
         aiortc_adapter.install_ice(pc, (stack.gateway,), None)
         try:
-            await pc.setLocalDescription(await pc.createOffer())
-            await api.message(handle, {"request": "configure", "audio": True, "video": True},
-                              jsep={"type": "offer", "sdp": pc.localDescription.sdp,
-                                    "trickle": False})
-            answer = await api.event()
-            await pc.setRemoteDescription(RTCSessionDescription(answer["jsep"]["sdp"], "answer"))
+            handle, publisher_id, sdp = await publish_in_videoroom(api, pc, ROOM)
+            await pc.setRemoteDescription(RTCSessionDescription(sdp, "answer"))
             await wait_for(lambda: pc.connectionState == "connected", 30, "Janus connected")
 
             async with http.post(stack.sidecar + "/api/taps", headers=auth, json={

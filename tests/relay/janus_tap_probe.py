@@ -113,12 +113,6 @@ async def run(seconds: float, workdir: Path, proc: subprocess.Popen[bytes],
             janus_base = f"http://127.0.0.1:{janus.HTTP_PORT}/janus"
             await janus.wait_http(http, f"{janus_base}/info", proc)
             api = janus.JanusHttp(http, janus_base)
-            await api.create()
-            handle = await api.attach("janus.plugin.videoroom")
-            await api.message(handle, {"request": "join", "ptype": "publisher", "room": janus.ROOM,
-                                       "display": "renderer"})
-            publisher_id = (await api.event())["plugindata"]["data"]["id"]
-
             timeline = Timeline.starting_now(time.time_ns)
             video_track = FlashVideoTrack(timeline)
             pc.addTransceiver(BeepAudioTrack(timeline), direction="sendonly")
@@ -126,13 +120,7 @@ async def run(seconds: float, workdir: Path, proc: subprocess.Popen[bytes],
             # The publisher's candidate on Janus's address too: libnice pairs none of its
             # candidates with a remote one on another 127.x address.
             aiortc_adapter.install_ice(pc, (janus.ADDRESS,), None)
-            await pc.setLocalDescription(await pc.createOffer())
-            await api.message(handle, {"request": "configure", "audio": True, "video": True},
-                              # Every candidate is in the offer: Janus need wait for none.
-                              jsep={"type": "offer", "sdp": pc.localDescription.sdp,
-                                    "trickle": False})
-            answer = await api.event()
-            sdp = answer["jsep"]["sdp"]
+            handle, publisher_id, sdp = await janus.publish_in_videoroom(api, pc)
             result["janus_candidates"] = sorted(
                 set(re.findall(r"a=candidate:\S+ \d+ udp \d+ (\S+)", sdp)))
             await pc.setRemoteDescription(RTCSessionDescription(sdp, "answer"))

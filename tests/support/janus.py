@@ -155,3 +155,20 @@ class JanusHttp:
                 if event.get("janus") == "event":
                     return event
         raise RuntimeError("no event from Janus")
+
+
+async def publish_in_videoroom(api: JanusHttp, pc: Any, room: int = ROOM) -> tuple[int, int, str]:
+    """Join ``room`` as a publisher and send ``pc``'s offer, which the caller has given its
+    tracks and ICE addresses; returns the plugin handle, the publisher's id and Janus's answer
+    SDP."""
+    await api.create()
+    handle = await api.attach("janus.plugin.videoroom")
+    await api.message(handle, {"request": "join", "ptype": "publisher", "room": room,
+                               "display": "renderer"})
+    publisher_id = int((await api.event())["plugindata"]["data"]["id"])
+    await pc.setLocalDescription(await pc.createOffer())
+    await api.message(handle, {"request": "configure", "audio": True, "video": True},
+                      # Every candidate is in the offer: Janus need wait for none.
+                      jsep={"type": "offer", "sdp": pc.localDescription.sdp, "trickle": False})
+    answer = await api.event()
+    return handle, publisher_id, str(answer["jsep"]["sdp"])
