@@ -14,6 +14,7 @@ Run inside a network namespace with only ``lo`` (the test does).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from sfu_sidecar.app import build_app
 from sfu_sidecar.config import load_settings
@@ -42,6 +44,9 @@ SCREENSHOTS = Path(os.environ.get("SFU_SIDECAR_TEST_ARTIFACTS", ROOT / "test-art
 # (which varied between launches here): a document plays sound only after a gesture in it.
 ARGS = [*(a for a in chromium.ARGS if not a.startswith("--autoplay-policy")),
         "--autoplay-policy=document-user-activation-required"]
+# A live page plays within this of showing its first frame (muted where the browser refuses
+# sound): idle, at once for WebRTC and after one part (~0.5 s) for MSE.
+PLAYING_WITHIN_S = 8
 
 
 class Service(LoopThread):
@@ -109,7 +114,15 @@ def unmute_check(page: Any, audio: AudioOutput, service: Service, muted_s: float
     """The output while the page plays muted, then after one click on the unmute control.
     ``start_ns``: the publisher's timeline now (a publisher that came back started a new one),
     whose whole seconds its beeps start on."""
-    out: dict[str, Any] = {"before": snapshot(page), "unmute_visible": page.is_visible("#unmute"),
+    # "Live" comes with the first frame shown; the MSE player then holds that frame until it
+    # has buffered its lag behind the live edge (a part, longer on a loaded machine), so the
+    # page is judged once it plays, or when it failed to within PLAYING_WITHIN_S.
+    started = time.monotonic()
+    with contextlib.suppress(PlaywrightTimeout):
+        page.wait_for_function("() => !window.sfuViewer.controls.snapshot().paused",
+                               timeout=PLAYING_WITHIN_S * 1000, polling=50)
+    out: dict[str, Any] = {"playing_after_s": round(time.monotonic() - started, 2),
+                           "before": snapshot(page), "unmute_visible": page.is_visible("#unmute"),
                            "start_ns": service.broadcaster.timeline.start_house_ns}
     # Chromium grants sound on its own heuristics too (media engagement of the origin): a page
     # it let play with sound is muted with the mute control first, as a viewer would.

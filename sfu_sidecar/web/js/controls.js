@@ -29,6 +29,9 @@ export class ViewerControls {
     this.prefs = new Preferences(storage);
     this.latency = new LatencyMeter();
     this.userPaused = false;
+    // Whether the player lets playback resume now (the MSE player holds the picture on a frame
+    // while it buffers after a break); the page sets it.
+    this.mayResume = () => true;
     this.soundBlocked = false; // the browser refused to play with sound until a user gesture
     this.frames = 0; // frames presented, in either playback mode
     this.state = "connecting"; // as the page last said (playermodel.js Liveness)
@@ -102,7 +105,7 @@ export class ViewerControls {
 
   keepPlaying() {
     const v = this.video;
-    if (!this.userPaused && v.paused && v.readyState >= 2 && !v.ended) this.play();
+    if (!this.userPaused && v.paused && v.readyState >= 2 && !v.ended && this.mayResume()) this.play();
   }
 
   togglePlay() {
@@ -122,7 +125,7 @@ export class ViewerControls {
       this.soundBlocked = false;
       if (this.video.volume === 0) this.video.volume = 0.5;
       // The click that unmutes is the user gesture the browser waited for.
-      if (this.video.paused && !this.userPaused) this.video.play().catch(() => {});
+      if (this.video.paused && !this.userPaused && this.mayResume()) this.video.play().catch(() => {});
     }
     this.prefs.set({ muted, volume: this.video.volume });
     this.render();

@@ -32,7 +32,7 @@ export class MsePlayer {
   // lang: the caption language shown first; onStatus(text, isError).
   constructor({
     video, stream, token, lang = null, base = window.location.href, onStatus = () => {},
-    lowLatency = false, lagS = null, mayPlay = () => true,
+    lowLatency = false, lagS = null, mayPlay = () => true, play = null,
   }) {
     this.video = video;
     this.stream = stream;
@@ -42,6 +42,13 @@ export class MsePlayer {
     this.captionBase = new URL(`/captions/${encodeURIComponent(stream)}/`, base);
     this.onStatus = onStatus;
     this.mayPlay = mayPlay; // false while the viewer has paused: the player does not resume then
+    // Starts playback. The page passes its controls' play, which meets a refusal of sound by
+    // the browser's autoplay policy by playing muted with the unmute control in view; alone,
+    // a refused play would leave the picture paused with no word why.
+    this.play = play ?? (() => this.video.play().catch(() => {}));
+    // True while playback is held on a segment's first frame until `lag()` is buffered past it
+    // (see streamSegment): whoever keeps the picture playing must not resume it meanwhile.
+    this.holding = false;
     this.lowLatency = lowLatency;
     this.lagS = lagS; // behind the buffered edge in low latency; from the part length when null
     this.plan = new SegmentPlan({ open: lowLatency });
@@ -228,7 +235,7 @@ export class MsePlayer {
       this.appended++;
       if (this.appended === 1 || resync !== null) this.seekInto(segment.start_s + this.shift);
     }
-    if (this.stats.segments > 0 && this.video.paused && this.mayPlay()) this.video.play().catch(() => {});
+    if (this.stats.segments > 0 && this.video.paused && this.mayPlay()) this.play();
     return streamed;
   }
 
@@ -237,6 +244,14 @@ export class MsePlayer {
   // is made once its first frames are buffered. True when the response ran to its end (the
   // segment closed); a response cut off leaves the closed segment to be appended whole.
   async streamSegment(action) {
+    try {
+      return await this.streamSegmentHeld(action);
+    } finally {
+      this.holding = false; // a hold ends with its segment, however the segment ends
+    }
+  }
+
+  async streamSegmentHeld(action) {
     const { segment, resync } = action;
     let reader;
     try {
@@ -282,6 +297,7 @@ export class MsePlayer {
           // (H.264, new parameters). Seeked at once, so the frame shown meanwhile has its
           // captions (it is presented at the time it is shown for).
           seekFrom = segment.start_s + this.shift;
+          this.holding = true;
           this.video.pause();
           this.seekInto(seekFrom);
         }
@@ -289,8 +305,9 @@ export class MsePlayer {
       if (seekFrom !== null && this.bufferedPast(seekFrom) >= this.lag()) {
         this.seekInto(this.liveTarget(seekFrom));
         seekFrom = null;
+        this.holding = false;
       }
-      if (seekFrom === null && this.video.paused && this.mayPlay()) this.video.play().catch(() => {});
+      if (seekFrom === null && this.video.paused && this.mayPlay()) this.play();
     }
     if (seekFrom !== null) this.seekInto(this.liveTarget(seekFrom));
     this.stats.segments++;

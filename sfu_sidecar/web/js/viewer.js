@@ -359,11 +359,13 @@ async function startMse() {
     video, stream, token, lang: controls.prefs.get("lang"),
     onStatus: (text, isError) => ui.setStatus(text, isError),
     mayPlay: () => !controls.userPaused,
+    play: () => controls.play(),
     // Low latency unless asked for whole segments (`&latency=segments`): a part behind the
     // live edge instead of a segment or two.
     lowLatency: params.get("latency") !== "segments", lagS: Number.isFinite(lag) && lag > 0 ? lag : null,
   });
   window.sfuViewer.player = player;
+  controls.mayResume = () => !player.holding;
   controls.onLanguage = (lang) => player.selectLanguage(lang);
   // The house clock for the latency behind live (capture time of the frame on screen); MSE has
   // no sync channel, so the page joins over the clock WebSocket, renewed like the channel join.
