@@ -12,7 +12,17 @@ Thresholds come from the standards the figures are judged by:
   ITU-R BT.1359 (the detectability limits, +45 / -125 ms); positive skew is audio leading;
 * frame jitter: 112 ms RMS of frame-interval deviations;
 * burstiness: excess kurtosis of frame gaps above 3.5;
-* GPU: fragmentation index 0.68, device memory 95 % used.
+* GPU: fragmentation index 0.68, device memory 95 % used;
+* caption lag: the median lag of the last 10 cues to the voice beyond 300 ms, and ITU-R BT.1359
+  applied to captions against the voice they caption (a caption after the voice is the picture
+  after the sound: +45 ms; before it, -125 ms);
+* dub lag: a dub 300 ms off its source.
+
+The speech rules (``SPEECH_RULES``) take per-cue figures: feed the caption meter's
+``recent_median_ms`` (``speech/lag.py``) for the subject ``stream/language`` after each settle
+that matched a cue, or once a tick, and the dub meter's ``recent_median_ms`` (``speech/dub.py``)
+for the dub's subject likewise. The persistence is in the figure (a median over the last cues or
+utterances), so these rules hold for no time, and feeding one value many times changes nothing.
 """
 
 from __future__ import annotations
@@ -99,6 +109,28 @@ RULES: dict[str, Rule] = {r.name: r for r in (
          clear_after_ns=5 * S, unit="%"),
     flag("viewer_backlog", "a viewer's sync DataChannel backlog is over its bound",
          raise_after_s=2.0, clear_after_s=2.0),
+)}
+
+
+# Lags in ms, + when the caption or dub comes after the voice it follows.
+SPEECH_RULES: dict[str, Rule] = {r.name: r for r in (
+    # The median of 10 cues wanders by about 0.4 of the scatter of single cues: 100 ms between
+    # the lines keeps a lag sitting at 300 ms from flapping for cue starts scattered by up to
+    # 150 ms. 200 ms is also the caption/media distance at which a viewer's player resyncs.
+    Rule("caption_lag", "captions more than 300 ms off the voice (median of the last 10 cues)",
+         high=300.0, low=-300.0, clear_high=200.0, clear_low=-200.0, inclusive=False,
+         unit="ms"),
+    # Cleared 15 ms inside the window: the wander of the median of 10 cues whose starts scatter
+    # by 30 ms (a tightly timed caption track, the only kind this level can judge).
+    Rule("caption_lag_bt1359",
+         "captions outside +45/-125 ms of the voice (ITU-R BT.1359; + is the caption after)",
+         high=45.0, low=-125.0, clear_high=30.0, clear_low=-110.0, inclusive=False, unit="ms"),
+    # Fed the median of the last 3 utterances: two lagging utterances carry it, so a dub that
+    # falls behind raises on its second late utterance, and one stray utterance (or one stray
+    # match) neither raises nor clears it. Raised at 280 ms, the 300 ms level less the meter's
+    # 20 ms accuracy, so a dub 300 ms behind raises whichever way its measurement errs.
+    Rule("dub_lag", "dub 300 ms or more off its source (median of the last 3 utterances)",
+         high=280.0, low=-280.0, clear_high=200.0, clear_low=-200.0, unit="ms"),
 )}
 
 
