@@ -1,6 +1,9 @@
 """A stretch of speech on the house clock, as the detector found it."""
+
 from __future__ import annotations
+
 from dataclasses import dataclass
+
 
 @dataclass(frozen=True, slots=True)
 class SpeechSegment:
