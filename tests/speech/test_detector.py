@@ -339,20 +339,6 @@ def listen(recording: speech.Speech) -> list[SpeechSegment]:
     return found + d.end()
 
 
-def onset_errors(recording: speech.Speech, found: list[SpeechSegment]
-                 ) -> tuple[list[float], int, int]:
-    """Onset errors (ms) of the sentences found, sentences missed, false segments (a segment
-    belongs to the first sentence it overlaps; any other is false: noise or a split)."""
-    errors, used = [], set()
-    for onset, offset in zip(recording.onset_ns(T0), recording.offset_ns(T0), strict=True):
-        for i, seg in enumerate(found):
-            if i not in used and seg.onset_ns < offset and seg.offset_ns > onset:
-                used.add(i)
-                errors.append((seg.onset_ns - onset) / MS)
-                break
-    return errors, len(recording.onsets) - len(errors), len(found) - len(used)
-
-
 def figures(label: str, errors: list[float], missed: int, false: int) -> tuple[float, float]:
     err = np.abs(errors)
     median, p95 = float(np.median(err)), float(np.percentile(err, 95))
@@ -365,7 +351,7 @@ def figures(label: str, errors: list[float], missed: int, false: int) -> tuple[f
 @pytest.mark.parametrize("voice", speech.VOICES)
 def test_espeak_onsets_clean(voice: str) -> None:
     recording = speech.script(voice)
-    errors, missed, false = onset_errors(recording, listen(recording))
+    errors, missed, false = speech.score(recording, T0, listen(recording))
     median, p95 = figures(f"{voice} clean", errors, missed, false)
     assert missed == 0 and false == 0
     assert median <= 10 and p95 <= 20
@@ -375,7 +361,7 @@ def test_espeak_onsets_clean(voice: str) -> None:
 @pytest.mark.parametrize("wpm", [110, 220])
 def test_espeak_onsets_at_other_speaking_rates(wpm: int) -> None:
     recording = speech.script("en-us", wpm=wpm)
-    errors, missed, false = onset_errors(recording, listen(recording))
+    errors, missed, false = speech.score(recording, T0, listen(recording))
     median, p95 = figures(f"en-us {wpm} wpm", errors, missed, false)
     assert missed == 0 and false == 0
     assert median <= 10 and p95 <= 20
@@ -388,7 +374,7 @@ def test_espeak_onsets_without_opus_are_exact() -> None:
     recording = speech.script("en-us")
     d = SpeechDetector(RATE, make_vad(RATE))
     found = feed(d, recording.pcm)
-    errors, missed, false = onset_errors(recording, found)
+    errors, missed, false = speech.score(recording, T0, found)
     figures("en-us clean, no Opus", errors, missed, false)
     assert missed == 0 and false == 0
     assert max(np.abs(errors)) <= 0.5
@@ -403,7 +389,7 @@ def test_espeak_onsets_in_noise(kind: str) -> None:
     missed = false = 0
     for seed, voice in enumerate(speech.VOICES, 1):
         recording = speech.mix(speech.script(voice), kind, 10.0, seed)
-        e, m, f = onset_errors(recording, listen(recording))
+        e, m, f = speech.score(recording, T0, listen(recording))
         errors, missed, false = errors + e, missed + m, false + f
     median, p95 = figures(f"{kind} noise 10 dB SNR, all voices", errors, missed, false)
     assert missed == 0 and false == 0
@@ -418,7 +404,7 @@ def test_espeak_onsets_over_music() -> None:
     missed = false = 0
     for seed, voice in enumerate(speech.VOICES, 1):
         recording = speech.mix(speech.script(voice), "tones", 10.0, seed)
-        e, m, f = onset_errors(recording, listen(recording))
+        e, m, f = speech.score(recording, T0, listen(recording))
         errors, missed, false = errors + e, missed + m, false + f
     median, _ = figures("music-like tones 10 dB SNR, all voices", errors, missed, false)
     assert missed == 0 and false == 0

@@ -19,6 +19,7 @@ import struct
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -229,6 +230,29 @@ def tones(n: int, rng: np.random.Generator, note_s: float = 0.25) -> npt.NDArray
         hi = min(lo + step, n)
         out[lo:hi] = (chord * fade)[:hi - lo]
     return out
+
+
+class Segment(Protocol):
+    onset_ns: int
+    offset_ns: int
+
+
+def score(truth: Speech, start_ns: int, found: Sequence[Segment]
+          ) -> tuple[list[float], int, int]:
+    """Onset errors in ms (found - true) of the sentences found, sentences missed, and false
+    segments, for ``truth`` laid from ``start_ns``. A segment belongs to the first sentence it
+    overlaps that no earlier segment took; any segment left over is false (noise, or a
+    sentence split in two), and a sentence no segment took is missed (or merged into the one
+    before it)."""
+    errors = []
+    used = set()
+    for onset, offset in zip(truth.onset_ns(start_ns), truth.offset_ns(start_ns), strict=True):
+        for i, seg in enumerate(found):
+            if i not in used and seg.onset_ns < offset and seg.offset_ns > onset:
+                used.add(i)
+                errors.append((seg.onset_ns - onset) / 1e6)
+                break
+    return errors, len(truth.onsets) - len(errors), len(found) - len(used)
 
 
 def opus_packets(pcm: npt.NDArray[np.int16], bitrate: int = 32_000, frame_ms: int = 20,
