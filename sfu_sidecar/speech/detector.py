@@ -267,8 +267,8 @@ class SpeechDetector:
         return bands, power, first
 
     def _loud(self, bands: Floats, power: Floats) -> npt.NDArray[np.bool_]:
-        """Frames with sound in them: a band risen above its floor, or (where the floor is
-        digital silence) the whole frame above ``floor_dbfs``."""
+        """Frames with sound in them: a band risen ``rise_db`` above its floor, and the frame
+        louder than ``floor_dbfs`` (which alone decides where the floor is digital silence)."""
         risen = (bands >= self._band_floor * self._rise).any(axis=1)
         return risen & (power >= self._floor_amp**2)
 
