@@ -36,6 +36,7 @@ from sfu_sidecar.relay.routes import RelayRoutes
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.segments import routes as segment_routes
 from sfu_sidecar.segments.service import SegmentService
+from sfu_sidecar.speech.service import SpeechService
 from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.webfiles import WEB_DIR
 
@@ -60,12 +61,14 @@ class Components:
     sync: SyncService | None = None
     probe: ProbeService | None = None
     segments: SegmentService | None = None
+    speech: SpeechService | None = None
     extra: tuple[Component, ...] = ()
 
     def in_start_order(self) -> list[Component]:
         """Named components first, in dependency order, then the extra ones."""
         named: list[Component | None] = [
-            self.clock, self.captions, self.relay, self.sync, self.probe, self.segments
+            self.clock, self.captions, self.relay, self.sync, self.speech, self.probe,
+            self.segments,
         ]
         return [c for c in named if c is not None] + list(self.extra)
 
@@ -107,11 +110,15 @@ def build_components(settings: Settings, metrics: Metrics) -> Components:
     sync = SyncService(relay, metrics, now_ns=now_ns, captions=captions)
     # After sync: the relay calls observers in order, so the probe sees each packet's capture
     # time once sync has mapped it.
-    probe = ProbeService(settings, relay, metrics, now_ns=now_ns, sync=sync, clock=clock)
+    # After sync too, as segments: speech reads each audio packet's capture time from it.
+    speech = (SpeechService(relay, sync, captions, now_ns=now_ns) if settings.speech_detect
+              else None)
+    probe = ProbeService(settings, relay, metrics, now_ns=now_ns, sync=sync, clock=clock,
+                         speech=speech)
     # After sync too: segments read each packet's capture time from it.
     segments = SegmentService(settings, relay, sync, captions, now_ns=now_ns)
     return Components(metrics, clock=clock, captions=captions, relay=relay, sync=sync,
-                      probe=probe, segments=segments)
+                      probe=probe, segments=segments, speech=speech)
 
 
 def add_component_routes(app: web.Application, components: Components) -> None:

@@ -547,6 +547,12 @@ class Settings:
         30.0, _parse_float(1.0, 3600.0),
         "seconds without a request before a stream's live segmenting stops", metavar="SECONDS",
     )
+    speech_detect: bool = _setting(
+        True, _parse_bool,
+        "decode publishers' Opus audio (never re-encoded) to find speech on the capture "
+        "timeline and measure each caption's lag to the voice it captions",
+        metavar="BOOL",
+    )
     redis_url: str | None = _setting(
         None, _parse_redis_url,
         "Redis server for the caption store, redis://[:PASSWORD@]HOST[:PORT][/DB] (nodes on one "

@@ -132,3 +132,41 @@ class BeepAudioTrack(MediaStreamTrack):
         frame.pts = start
         frame.time_base = fractions.Fraction(1, AUDIO_RATE)
         return frame
+
+
+class PcmAudioTrack(MediaStreamTrack):
+    """Given mono 48 kHz samples (speech, say) paced from ``timeline``, then silence; 20 ms
+    frames. Sample ``k`` is captured at ``timeline.capture_ns(k / 48000)``, exactly."""
+
+    kind = "audio"
+
+    def __init__(self, timeline: Timeline, pcm: np.ndarray, *, loop: bool = False) -> None:
+        super().__init__()
+        self.timeline = timeline
+        self.pcm = np.asarray(pcm, dtype="<i2")
+        self.loop = loop
+        self.samples_sent = 0
+        self._per_frame = int(AUDIO_RATE * AUDIO_PTIME_S)
+
+    def _samples(self, start: int) -> np.ndarray:
+        n, size = self._per_frame, len(self.pcm)
+        if self.loop and size:
+            return self.pcm[np.arange(start, start + n) % size]
+        out = np.zeros(n, dtype="<i2")
+        if start < size:
+            chunk = self.pcm[start:start + n]
+            out[:len(chunk)] = chunk
+        return out
+
+    async def recv(self) -> AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        start = self.samples_sent
+        self.samples_sent += self._per_frame
+        await self.timeline.sleep_until(fractions.Fraction(start, AUDIO_RATE))
+        frame = AudioFrame.from_ndarray(self._samples(start).reshape(1, -1), format="s16",
+                                        layout="mono")
+        frame.sample_rate = AUDIO_RATE
+        frame.pts = start
+        frame.time_base = fractions.Fraction(1, AUDIO_RATE)
+        return frame

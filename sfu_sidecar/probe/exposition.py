@@ -26,11 +26,15 @@ from sfu_sidecar.probe.gpu import GpuSample, Renderers
 from sfu_sidecar.probe.stats import BucketCounts, Cause
 from sfu_sidecar.probe.streams import StreamProbe
 from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.speech.service import SpeechService
 
 STREAM_LABELS = 32
 # No stream can be called this: stream names have no spaces or parentheses.
 OVERFLOW = "(other)"
 SERVICE_WIDE = ""  # the stream label of alerts about the clock or a GPU
+# Caption languages exported per stream (the first ones in name order): a producer that posts
+# in many languages cannot grow the series without bound.
+LANGUAGE_LABELS = 8
 
 # Buckets around the thresholds the alerts and grades use (seconds).
 AV_SKEW_BUCKETS = (-0.25, -0.125, -0.045, -0.015, 0.0, 0.015, 0.045, 0.125, 0.25)
@@ -102,6 +106,8 @@ class ProbeState(Protocol):
     def gpu_sample(self) -> GpuSample: ...
     @property
     def renderers(self) -> Renderers: ...
+    @property
+    def speech(self) -> SpeechService | None: ...
 
 
 class ProbeCollector(Collector):
@@ -212,6 +218,54 @@ class ProbeCollector(Collector):
 
         yield self._alerts()
         yield from self._gpu()
+        if p.speech is not None:
+            yield from self._speech(p.speech)
+
+    def _speech(self, speech: SpeechService) -> Iterator[Metric]:
+        p = self.probe
+
+        def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{NAMESPACE}_{name}", doc, labels=labels)
+
+        def counter(name: str, doc: str, labels: list[str]) -> CounterMetricFamily:
+            return CounterMetricFamily(f"{NAMESPACE}_{name}", doc, labels=labels)
+
+        segments = counter("speech_segments", "Speech segments heard in publishers' audio",
+                           ["stream"])
+        refused = counter("speech_packets_refused",
+                          "Audio payloads the Opus decoder refused (not listened to)", ["stream"])
+        median = gauge("caption_lag_median_seconds",
+                       "Caption start minus the onset of the speech it captions, median "
+                       "(positive: the caption comes after the voice)", ["stream", "language"])
+        recent = gauge("caption_lag_recent_seconds",
+                       "Caption lag, median of the last 10 matched cues (the alerts' input)",
+                       ["stream", "language"])
+        p95 = gauge("caption_lag_abs_p95_seconds", "Caption lag, 95th percentile of |lag|",
+                    ["stream", "language"])
+        drift = gauge("caption_lag_drift_ratio",
+                      "Change of caption lag per unit of stream time (robust fit)",
+                      ["stream", "language"])
+        cues = counter("caption_lag_cues", "Final cues judged against the speech, by outcome",
+                       ["stream", "language", "outcome"])
+        for name, ss in sorted(speech.streams.items()):
+            if name not in p.streams:
+                continue  # only streams with a label (the probe follows every publisher)
+            lbl = p.labels.peek(name)
+            if lbl == OVERFLOW:
+                continue  # figures of several streams do not add up
+            segments.add_metric([lbl], ss.segments_heard)
+            refused.add_metric([lbl], ss.refused_packets)
+            for lang, r in sorted(speech.reports(name).items())[:LANGUAGE_LABELS]:
+                for family, value in ((median, r.median_ms), (recent, r.recent_median_ms),
+                                      (p95, r.p95_ms)):
+                    if value is not None:
+                        family.add_metric([lbl, lang], value / 1000)
+                if r.drift_ms_per_min is not None:
+                    drift.add_metric([lbl, lang], r.drift_ms_per_min / 60_000)
+                for outcome, n in (("matched", r.matched), ("unmatched", r.unmatched_cues),
+                                   ("inside_speech", r.inside_speech)):
+                    cues.add_metric([lbl, lang, outcome], n)
+        yield from (segments, refused, median, recent, p95, drift, cues)
 
     def _alerts(self) -> GaugeMetricFamily:
         p = self.probe

@@ -29,7 +29,14 @@ from sfu_sidecar.httpapi import json_ok, read_body, require_content_type, requir
 from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe import gpu
-from sfu_sidecar.probe.alerts import DISCONTINUITY_HOLD_NS, AlertEvent, Alerts, Rule
+from sfu_sidecar.probe.alerts import (
+    DISCONTINUITY_HOLD_NS,
+    RULES,
+    SPEECH_RULES,
+    AlertEvent,
+    Alerts,
+    Rule,
+)
 from sfu_sidecar.probe.dashboard import MAX_MESSAGE_BYTES, DashboardHub
 from sfu_sidecar.probe.exposition import ProbeCollector, ProbeHistograms, StreamLabels
 from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Renderers
@@ -45,6 +52,7 @@ from sfu_sidecar.relay.hooks import (
 )
 from sfu_sidecar.relay.routes import STREAM_PATTERN
 from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.speech.service import NO_AUDIO, SpeechService
 from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
 from sfu_sidecar.tasks import Tasks
@@ -67,6 +75,7 @@ MAX_REPORT_COUNT = 1_000_000
 MAX_SKEW_MS = 60_000.0
 MAX_CAPTION_ERROR_MS = 3_600_000.0
 PUBLISHER_RULES = ("frame_jitter", "bursty_delivery")
+CAPTION_LAG_RULES = ("caption_lag", "caption_lag_bt1359")
 PUBLISHER_STALE_NS = 5_000_000_000
 DEFAULT_CLOCK_RATES = {"audio": 48000, "video": 90000}
 
@@ -130,6 +139,7 @@ class ProbeService(RelayObserver):
         now_ns: Callable[[], int],
         sync: SyncService | None = None,
         clock: ClockService | None = None,
+        speech: SpeechService | None = None,
         nvml_loader: Callable[[], Any] = gpu.import_nvml,
     ) -> None:
         self.settings = settings
@@ -137,9 +147,12 @@ class ProbeService(RelayObserver):
         self.now_ns = now_ns
         self.sync = sync
         self.clock = clock
+        self.speech = speech
         self.streams: dict[str, StreamProbe] = {}
         self.labels = StreamLabels()
-        self.alerts = Alerts()
+        # The caption lag alerts exist where something measures caption lag.
+        self.alerts = Alerts(RULES if speech is None else {
+            **RULES, **{name: SPEECH_RULES[name] for name in CAPTION_LAG_RULES}})
         self.renderers = Renderers()
         self.nvml = NvmlSampler(nvml_loader)
         self.gpu_sample = GpuSample(now_ns(), False, "not sampled yet")
@@ -335,6 +348,19 @@ class ProbeService(RelayObserver):
             outside = sum(1 for s in skews if rule.bad(s))
             self._update(rule_name, name, worst, now,
                          f"{outside} of {len(skews)} reporting viewers outside")
+        if self.speech is not None:
+            self._caption_lag_alerts(name, self.speech, now)
+
+    def _caption_lag_alerts(self, name: str, speech: SpeechService, now: int) -> None:
+        """Each caption lag alert on the stream's worst language (median of its last cues)."""
+        lags = {lang: r.recent_median_ms for lang, r in speech.reports(name).items()
+                if r.recent_median_ms is not None}
+        for rule_name in CAPTION_LAG_RULES:
+            rule = self.alerts.rules[rule_name]
+            worst = most_out_of_band(lags.values(), rule)
+            langs = [lang for lang, v in lags.items() if v == worst]
+            self._update(rule_name, name, worst, now,
+                         f"language {langs[0]}" if langs else "")
 
     def channel_backlogs(self) -> list[tuple[str, int, int]]:
         """(stream, bytes waiting, bound) of every viewer's sync channel."""
@@ -479,6 +505,7 @@ class ProbeService(RelayObserver):
                                                          CAPTION_ERROR_EDGES_MS),
                 "clock_error_ms": summary["clock_error_ms"],
                 "resyncs": sp.resyncs,
+                "caption_lag_ms": self._caption_lag_figures(name),
             }
         sample = self.gpu_sample
         return {
@@ -503,6 +530,14 @@ class ProbeService(RelayObserver):
             "events": [e.as_dict() for e in events],
         }
 
+    def _caption_lag_figures(self, name: str) -> dict[str, dict[str, float | int | None]]:
+        """Per language, the figures the dashboard plots and lists each tick."""
+        if self.speech is None:
+            return {}
+        return {lang: {"recent_median": r.recent_median_ms, "median": r.median_ms,
+                       "p95": r.p95_ms, "matched": r.matched}
+                for lang, r in self.speech.reports(name).items()}
+
     def stream_status(self, name: str, now: int) -> dict[str, Any]:
         """``GET /api/streams/{stream}/sync``: every statistic per track, and the viewers."""
         sp = self.streams.get(name) or StreamProbe(name)
@@ -522,8 +557,21 @@ class ProbeService(RelayObserver):
             "viewers": viewer_summary(v for _, v in viewers),
             "viewer_list": [{"id": vid, **v.summary()} for vid, v in viewers[:VIEWER_LIST_MAX]],
             "caption_error_ms_recent": [round(e, 3) for e in sp.caption_errors],
+            **self._speech_status(name),
             "alerts": [a for a in self.alerts.active() if a["subject"] == name],
         }
+
+    def _speech_status(self, name: str) -> dict[str, Any]:
+        """The stream's speech timeline and its captions' lag to the voice, or why there is
+        none (``speech.state``)."""
+        if self.speech is None:
+            return {"speech": {"state": "off", "reason": "speech_detect is off"},
+                    "caption_lag": {}}
+        status = self.speech.status(name)
+        if status is None:
+            return {"speech": {"state": NO_AUDIO, "reason": "no audio packet yet"},
+                    "caption_lag": {}}
+        return status
 
     # --- routes -------------------------------------------------------------------------------
 
