@@ -49,8 +49,11 @@ from tests.support import containers
 from tests.support.janus import JanusHttp, publish_in_videoroom
 from tests.sync.test_channel import _mid, collect, decoded_frames
 
+# One lane with the coturn test of tests/test_deploy.py: the stack's coturn publishes the
+# compose file's relay port range on the host, where that test's coturn allocates in it too.
+COTURN_RELAY_PORTS = "coturn-relay-ports"
 pytestmark = [pytest.mark.needs("podman", "podman-compose", "debootstrap", "runc"),
-              pytest.mark.timeout(1200)]
+              pytest.mark.timeout(1200), pytest.mark.xdist_group(COTURN_RELAY_PORTS)]
 
 TOKEN = "compose-publish-token"
 ROOM = 1234
