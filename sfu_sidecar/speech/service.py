@@ -226,6 +226,10 @@ class SpeechService(RelayObserver):
         if detector.heard_until_ns is not None:
             ss.state, ss.reason = LISTENING, ""
             ss.meter.settle(detector.heard_until_ns, open_onset_ns=detector.open_onset_ns)
+        elif ss.refused_packets:
+            ss.state = NO_AUDIO
+            ss.reason = (f"the Opus decoder refused all {ss.refused_packets} audio payloads so "
+                         "far")
 
     def _closed(self, ss: StreamSpeech, segments: list[SpeechSegment]) -> None:
         for segment in segments:
@@ -313,6 +317,7 @@ def report_dict(report: LagReport, *, lags: int = 50) -> dict[str, Any]:
         "matched": report.matched,
         "unmatched_cues": report.unmatched_cues,
         "unmatched_speech": report.unmatched_speech,
+        "inside_speech": report.inside_speech,
         "median_ms": report.median_ms,
         "p95_ms": report.p95_ms,
         "recent_median_ms": report.recent_median_ms,

@@ -4,8 +4,8 @@
 import uPlot from "/vendor/uPlot.esm.js";
 
 import {
-  alertText, binLabels, CLOCK_PLOT, DashboardModel, formatBitrate, formatBytes, formatMs,
-  GPU_PLOT, grade, STREAM_PLOTS,
+  alertText, binLabels, captionLagText, CLOCK_PLOT, DashboardModel, formatBitrate, formatBytes,
+  formatMs, GPU_PLOT, grade, STREAM_PLOTS,
 } from "./dashmodel.js";
 import { connectDashboard } from "./dashpush.js";
 
@@ -18,7 +18,7 @@ window.sfuDashboard = { model, plots, messages: 0 };
 // Each plot's y range always spans these, so threshold lines near the data stay in view and a
 // quiet signal does not fill the plot with noise.
 const MIN_RANGE = {
-  jitter: [0, 35], skew: [-60, 30], drift: [-10, 10], bursts: [-2, 5], gpu: [0, 100],
+  jitter: [0, 35], skew: [-60, 30], caption_lag: [-150, 60], drift: [-10, 10], bursts: [-2, 5], gpu: [0, 100],
   clock: [-1, 1],
 };
 
@@ -165,6 +165,7 @@ function renderStream(name, entry) {
     `viewer clock join ±${formatMs(clockError, 2)}`,
     `discontinuities ${video.discontinuities ?? 0}`,
     `resyncs ${s.resyncs}`,
+    `captions vs voice ${captionLagText(s.caption_lag_ms) || "–"}`,
   ].join("   "));
   for (const plot of STREAM_PLOTS) {
     plots.get(`${name}/${plot.id}`).setData(entry.table.data(plot.series.map((x) => x.key)));

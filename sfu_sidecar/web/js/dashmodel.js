@@ -38,6 +38,19 @@ export const STREAM_PLOTS = [
     ],
   },
   {
+    id: "caption_lag", title: "Caption lag to the voice (+ caption after)", unit: "ms",
+    series: [
+      { key: "caption_lag_worst", label: "worst language (median of last 10 cues)", color: "#ef9a9a" },
+      { key: "caption_lag_best", label: "best language", color: "#81c784" },
+    ],
+    thresholds: (rules) => [
+      { value: rules.caption_lag?.high, label: "+300", color: "#ef5350" },
+      { value: rules.caption_lag?.low, label: "-300", color: "#ef5350" },
+      { value: rules.caption_lag_bt1359?.high, label: "BT.1359 +45", color: "#ffa726" },
+      { value: rules.caption_lag_bt1359?.low, label: "BT.1359 -125", color: "#ffa726" },
+    ],
+  },
+  {
     id: "drift", title: "Publisher clock drift", unit: "ppm",
     series: [
       { key: "drift_video", label: "video", color: "#4fc3f7" },
@@ -153,7 +166,26 @@ export function streamRow(s) {
     drift_video: video.drift_ppm ?? null,
     drift_audio: audio.drift_ppm ?? null,
     kurtosis_video: video.kurtosis ?? null,
+    ...captionLagRow(s.caption_lag_ms),
   };
+}
+
+// The caption languages farthest from and nearest to the voice (median of their last cues).
+export function captionLagRow(byLanguage) {
+  const lags = Object.values(byLanguage ?? {})
+    .map((r) => r.recent_median)
+    .filter((v) => typeof v === "number");
+  if (!lags.length) return { caption_lag_worst: null, caption_lag_best: null };
+  lags.sort((a, b) => Math.abs(a) - Math.abs(b));
+  return { caption_lag_worst: lags[lags.length - 1], caption_lag_best: lags.length > 1 ? lags[0] : null };
+}
+
+// "en +412 ms (9 cues)" per caption language with a figure.
+export function captionLagText(byLanguage) {
+  return Object.entries(byLanguage ?? {})
+    .filter(([, r]) => typeof r.recent_median === "number")
+    .map(([lang, r]) => `${lang} ${r.recent_median >= 0 ? "+" : ""}${Math.round(r.recent_median)} ms (${r.matched} cues)`)
+    .join(", ");
 }
 
 export function gpuRow(gpu) {

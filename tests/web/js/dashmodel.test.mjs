@@ -3,8 +3,8 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 
 import {
-  alertText, binLabels, DashboardModel, formatBitrate, formatBytes, grade, GPU_PLOT,
-  SeriesTable, STREAM_PLOTS, streamRow,
+  alertText, binLabels, captionLagRow, captionLagText, DashboardModel, formatBitrate,
+  formatBytes, grade, GPU_PLOT, SeriesTable, STREAM_PLOTS, streamRow,
 } from "../../../sfu_sidecar/web/js/dashmodel.js";
 
 const RULES = [
@@ -54,6 +54,24 @@ test("a stream's row takes every plotted figure from the tick", () => {
   assert.equal(row.drift_audio, 12.4);
   assert.equal(streamRow({ tracks: {} }).rfc_video, null);
   for (const plot of STREAM_PLOTS) for (const s of plot.series) assert.ok(s.key in row, s.key);
+});
+
+test("the caption lag plot follows the languages farthest from and nearest to the voice", () => {
+  const lags = {
+    en: { recent_median: -498.2, matched: 8 },
+    de: { recent_median: 151, matched: 8 },
+    fr: { recent_median: 2.4, matched: 7 },
+    it: { recent_median: null, matched: 1 },
+  };
+  assert.deepEqual(captionLagRow(lags), { caption_lag_worst: -498.2, caption_lag_best: 2.4 });
+  assert.deepEqual(captionLagRow({ en: lags.en }), { caption_lag_worst: -498.2, caption_lag_best: null });
+  assert.deepEqual(captionLagRow(undefined), { caption_lag_worst: null, caption_lag_best: null });
+  assert.equal(captionLagText(lags), "en -498 ms (8 cues), de +151 ms (8 cues), fr +2 ms (7 cues)");
+  assert.equal(streamRow({ tracks: {}, caption_lag_ms: lags }).caption_lag_worst, -498.2);
+  const plot = STREAM_PLOTS.find((p) => p.id === "caption_lag");
+  const lines = plot.thresholds({ caption_lag: { high: 300, low: -300 },
+    caption_lag_bt1359: { high: 45, low: -125 } }).map((x) => x.value);
+  assert.deepEqual(lines, [300, -300, 45, -125]);
 });
 
 test("series keep the last points and refuse replayed ticks", () => {

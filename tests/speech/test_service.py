@@ -1,0 +1,257 @@
+"""Speech heard through the relay and captions measured against it, end to end in one process:
+the product's WHIP client publishes espeak-ng sentences (four voices, different lengths and
+pauses; clean, and with pink noise 10 dB below the speech) with abs-capture-time and a clock
+join; a caption producer posts the same sentences in six languages, each early or late by its
+own amount. The sync route, /metrics and the alerts must report each language's lag as
+injected, within the accuracy the product promises: ±20 ms at the median and ±40 ms at p95 of
+the per-cue error (in the noise ±40 ms and ±100 ms). Then the failure shapes: silence, speech cut
+off by the publisher leaving, payloads the decoder refuses."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+import statistics
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from aiohttp.test_utils import TestServer
+
+from sfu_sidecar.app import SERVICES_KEY, build_app
+from sfu_sidecar.client.whip import publish
+from sfu_sidecar.config import load_settings
+from sfu_sidecar.probe.service import ProbeService
+from sfu_sidecar.synthetic import PcmAudioTrack, Timeline
+from tests.conftest import IN_PROCESS
+from tests.relay.peers import LOOPBACK, wait_for
+from tests.support import speech
+
+pytestmark = [pytest.mark.needs("espeak-ng")]
+
+STREAM = "talk"
+# Lag injected per caption language (caption start minus the voice's onset).
+OFFSETS_MS = {"en": -500, "de": -300, "fr": -100, "es": 0, "it": 150, "pt": 400}
+MEDIAN_MS = 20.0
+P95_MS = 40.0
+# Measured here: median 18.6 ms late, p95 71 ms (the first /h/ or /s/ of a sentence drowns).
+NOISY_MEDIAN_MS = 40.0
+NOISY_P95_MS = 100.0
+
+
+def talk() -> speech.Speech:
+    """Two sentences of each voice, alternating, with pauses of 0.6-1.4 s."""
+    parts = [(voice, 160, speech.sentences_for(voice)[i])
+             for i in range(2) for voice in speech.VOICES]
+    return speech.compose(parts, (0.8, 1.3, 0.6, 1.1, 1.4))
+
+
+@pytest.fixture
+async def server(tmp_path: Path) -> AsyncIterator[tuple[str, ProbeService]]:
+    settings = load_settings({"ice_addresses": "127.0.0.1", "data_dir": str(tmp_path),
+                              **IN_PROCESS})
+    app = build_app(settings)
+    probe = app[SERVICES_KEY].components.probe
+    assert probe is not None
+    srv = TestServer(app, host="127.0.0.1")
+    await srv.start_server()
+    try:
+        yield f"http://127.0.0.1:{srv.port}", probe
+    finally:
+        await srv.close()
+
+
+async def _post_cues(http: aiohttp.ClientSession, base: str, lang: str, truth: speech.Speech,
+                     start_ns: int, offset_ms: int) -> None:
+    shift = offset_ms * 1_000_000
+    cues = [{"id": f"s{i}", "start": onset + shift, "end": offset + shift, "text": text}
+            for i, (onset, offset, text) in enumerate(zip(
+                truth.onset_ns(start_ns), truth.offset_ns(start_ns), truth.texts, strict=True))]
+    async with http.post(f"{base}/api/streams/{STREAM}/captions",
+                         json={"timebase": "house_ns", "lang": lang, "cues": cues}) as r:
+        assert r.status in (200, 201), await r.text()
+
+
+async def _sync(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
+    async with http.get(f"{base}/api/streams/{STREAM}/sync") as r:
+        assert r.status == 200, await r.text()
+        body: dict[str, Any] = await r.json()
+        return body
+
+
+# Clean speech, and speech with pink noise 10 dB below it (quiet first sounds drown: onsets
+# come later, so the p95 the product holds there is wider).
+@pytest.mark.parametrize(("noise", "median_ms", "p95_ms"),
+                         [(None, MEDIAN_MS, P95_MS), ("pink", NOISY_MEDIAN_MS, NOISY_P95_MS)],
+                         ids=["clean", "pink-10dB"])
+async def test_each_languages_caption_lag_is_measured_against_the_voice(
+    server: tuple[str, ProbeService], noise: str | None, median_ms: float, p95_ms: float,
+) -> None:
+    base, probe = server
+    truth = talk() if noise is None else speech.mix(talk(), noise, 10.0)
+    sentences = len(truth.onsets)
+    # The speech starts a moment after the publisher connects, so its first onset is heard.
+    timeline = Timeline(time.time_ns() + 1_500_000_000, time.monotonic() + 1.5)
+    publisher = await publish(f"{base}/whip/{STREAM}", [PcmAudioTrack(timeline, truth.pcm)],
+                              capture_start_ns=timeline.start_house_ns, ice_addresses=LOOPBACK)
+    try:
+        assert await publisher.joined() is not None
+        async with aiohttp.ClientSession() as http:
+            for lang, offset_ms in OFFSETS_MS.items():
+                await _post_cues(http, base, lang, truth, timeline.start_house_ns, offset_ms)
+            body: dict[str, Any] = {}
+
+            async def all_settled() -> bool:
+                nonlocal body
+                body = await _sync(http, base)
+                lag = body["caption_lag"]
+                return set(lag) == set(OFFSETS_MS) and all(
+                    r["matched"] + r["unmatched_cues"] + r["inside_speech"] >= sentences
+                    for r in lag.values())
+
+            deadline = time.monotonic() + truth.pcm.size / speech.RATE + 30
+            while not await all_settled():
+                assert time.monotonic() < deadline, body
+                await asyncio.sleep(0.5)
+            probe.tick(probe.now_ns())
+            async with http.get(f"{base}/metrics") as r:
+                metrics = await r.text()
+            alerts = (await _sync(http, base))["alerts"]
+    finally:
+        await publisher.close()
+
+    heard = body["speech"]
+    assert heard["state"] == "listening" and not heard["estimated"], heard
+    assert heard["segments_heard"] == sentences, heard
+    assert heard["refused_packets"] == 0
+    errors, missed, false = speech.score(
+        truth, timeline.start_house_ns,
+        [_Segment(on, off) for on, off in heard["segments"]])
+    print(f"{noise or 'clean'}: onsets through the relay: |error| median "
+          f"{statistics.median(map(abs, errors)):.1f} ms, worst {max(map(abs, errors)):.1f} ms; "
+          f"missed {missed}, false {false}")
+    assert (missed, false) == (0, 0)
+
+    for lang, offset_ms in OFFSETS_MS.items():
+        report = body["caption_lag"][lang]
+        per_cue = [lag for _, lag in report["lags"]]
+        cue_errors = sorted(abs(lag - offset_ms) for lag in per_cue)
+        p95 = cue_errors[min(len(cue_errors) - 1, round(0.95 * (len(cue_errors) - 1)))]
+        print(f"{lang}: injected {offset_ms:+d} ms, measured median {report['median_ms']:+.1f} "
+              f"ms, p95 of |error| {p95:.1f} ms, {report['matched']} matched")
+        assert report["matched"] == sentences, report
+        assert (report["unmatched_cues"], report["unmatched_speech"]) == (0, 0), report
+        assert abs(report["median_ms"] - offset_ms) <= median_ms, report
+        assert p95 <= p95_ms, (lang, per_cue)
+        assert f'caption_lag_median_seconds{{language="{lang}",stream="{STREAM}"}}' in metrics
+
+    # Each alert names the stream's worst language: 500 ms early is past both levels.
+    raised = {a["alert"]: a for a in alerts}
+    assert set(raised) >= {"caption_lag", "caption_lag_bt1359"}, alerts
+    for name in ("caption_lag", "caption_lag_bt1359"):
+        assert raised[name]["detail"] == "language en", raised[name]
+        assert abs(raised[name]["value"] - OFFSETS_MS["en"]) <= median_ms, raised[name]
+
+
+async def test_silence_then_speech_cut_off_by_the_publisher_leaving(
+    server: tuple[str, ProbeService],
+) -> None:
+    """Two seconds of silence (a cue posted over it has no speech to caption), then a sentence
+    the publisher leaves in the middle of: the segment ends where the audio did, the state
+    says the publisher ended, and no alert comes of one cue."""
+    base, probe = server
+    voice = speech.VOICES[0]
+    said = speech.compose([(voice, 160, speech.sentences_for(voice)[2])], (1.0,), lead_s=2.0)
+    onset, offset = said.onset_ns()[0], said.offset_ns()[0]
+    cut_s = (onset + (offset - onset) // 2) / 1e9  # halfway through the sentence
+    timeline = Timeline(time.time_ns() + 1_000_000_000, time.monotonic() + 1.0)
+    publisher = await publish(f"{base}/whip/{STREAM}", [PcmAudioTrack(timeline, said.pcm)],
+                              capture_start_ns=timeline.start_house_ns, ice_addresses=LOOPBACK)
+    start = timeline.start_house_ns
+    async with aiohttp.ClientSession() as http:
+        try:
+            assert await publisher.joined() is not None
+            cues = [{"id": "quiet", "start": start + 300_000_000, "end": start + 1_200_000_000,
+                     "text": "(silence)"},
+                    {"id": "cut", "start": start + onset, "end": start + offset, "text": "cut"}]
+            async with http.post(f"{base}/api/streams/{STREAM}/captions",
+                                 json={"timebase": "house_ns", "lang": "en", "cues": cues}) as r:
+                assert r.status in (200, 201), await r.text()
+            await asyncio.sleep(max(0.0, timeline.start_monotonic + cut_s - time.monotonic()))
+        finally:
+            await publisher.close()
+        await wait_for(lambda: probe.speech is not None
+                       and probe.speech.streams[STREAM].state == "publisher ended", 10,
+                       "the speech state to say the publisher ended")
+        body = await _sync(http, base)
+    heard = body["speech"]
+    print(f"segments {heard['segments']} (truth onset {start + onset}, cut at about "
+          f"{start + round(cut_s * 1e9)})")
+    assert heard["segments_heard"] == 1, heard
+    (seg_onset, seg_offset), = heard["segments"]
+    assert abs(seg_onset - (start + onset)) <= 20_000_000, heard
+    # It ends where the audio stopped: after the onset, no later than the sentence would have.
+    assert start + onset < seg_offset < start + offset, heard
+    lag = body["caption_lag"]["en"]
+    assert (lag["matched"], lag["unmatched_cues"]) == (1, 1), lag
+    assert lag["recent_median_ms"] is None, lag  # one cue is no trend
+    probe.tick(probe.now_ns())
+    assert not [a for a in (await _alerts(base)) if a["alert"].startswith("caption_lag")]
+
+
+async def test_payloads_the_decoder_refuses_are_counted_and_say_why(
+    server: tuple[str, ProbeService],
+) -> None:
+    """An RTP tap declared Opus that carries something else: every payload is refused and
+    counted, the state says why there is no figure, and nothing else stops."""
+    base, _ = server
+    async with aiohttp.ClientSession() as http:
+        tap_body = {"stream": STREAM, "source": "127.0.0.1",
+                    "media": [{"kind": "audio", "codec": "opus", "payload_type": 111}]}
+        async with http.post(f"{base}/api/taps", json=tap_body) as r:
+            assert r.status == 201, await r.text()
+            tap = await r.json()
+        port = tap["media"][0]["rtp_port"]
+        rng = random.Random(7)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for n in range(60):
+                # Opus TOC bytes of a reserved configuration and random bodies: libopus
+                # refuses each (a payload of 1-2 bytes would be DTX, not refused).
+                payload = bytes([0xFF, 0xFF]) + rng.randbytes(rng.randint(3, 60))
+                header = bytes([0x80, 111]) + n.to_bytes(2, "big") + (n * 960).to_bytes(4, "big")
+                sender.sendto(header + (0xABCD).to_bytes(4, "big") + payload,
+                              ("127.0.0.1", port))
+                await asyncio.sleep(0.02)
+        body: dict[str, Any] = {}
+
+        async def refused() -> bool:
+            nonlocal body
+            body = await _sync(http, base)
+            return int(body["speech"].get("refused_packets", 0)) >= 50
+
+        deadline = time.monotonic() + 10
+        while not await refused():
+            assert time.monotonic() < deadline, body
+            await asyncio.sleep(0.3)
+        async with http.get(f"{base}/healthz") as r:
+            assert r.status == 200
+    heard = body["speech"]
+    print(f"speech state: {heard['state']}: {heard['reason']}")
+    assert heard["state"] == "no audio" and "refused" in heard["reason"], heard
+    assert heard["segments_heard"] == 0 and heard["decoded_packets"] == 0, heard
+
+
+async def _alerts(base: str) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/api/alerts") as r:
+        body: dict[str, Any] = await r.json()
+        return list(body["active"])
+
+
+class _Segment:
+    def __init__(self, onset_ns: int, offset_ns: int) -> None:
+        self.onset_ns = onset_ns
+        self.offset_ns = offset_ns
