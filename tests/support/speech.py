@@ -2,10 +2,11 @@
 
 espeak-ng's output is deterministic, so the truth is read off its own samples: a sentence's
 onset is where it was placed plus its first sample louder than ``TRUTH_THRESHOLD``, its offset
-just after its last one. Sentences are resampled from espeak-ng's 22050 Hz to 48 kHz with a
-windowed-sinc interpolator (its pre-ringing reaches less than a millisecond before an onset,
-at under 1 % of the onset's amplitude). Noise (white, pink) or music-like tones can be mixed
-in at a given SNR, measured against the speech's power over its sentences.
+just after its last one. Sentences are resampled from espeak-ng's 22050 Hz to 48 kHz with the
+product's windowed-sinc interpolator (:mod:`sfu_sidecar.resample`: its pre-ringing reaches less
+than a millisecond before an onset, at under 1 % of the onset's amplitude). Noise (white, pink)
+or music-like tones can be mixed in at a given SNR, measured against the speech's power over
+its sentences.
 
 Each sentence is synthesised once per test session (``espeak``/``sentence`` are cached).
 """
@@ -23,6 +24,8 @@ from typing import Protocol
 
 import numpy as np
 import numpy.typing as npt
+
+from sfu_sidecar.resample import resample
 
 RATE = 48_000
 ESPEAK_RATE = 22_050
@@ -113,28 +116,6 @@ def _wav_data(wav: bytes) -> npt.NDArray[np.int16]:
             return np.frombuffer(data[:len(data) // 2 * 2], dtype="<i2").astype(np.int16)
         pos += 8 + size + (size & 1)
     raise ValueError("no data chunk in espeak-ng's WAV")
-
-
-def resample(x: npt.NDArray[np.generic], src: int, dst: int, half_taps: int = 16
-             ) -> npt.NDArray[np.float64]:
-    """Band-limited interpolation from ``src`` to ``dst`` Hz (a Blackman-windowed sinc of
-    ``2 * half_taps`` input samples, cut off at 95 % of the lower Nyquist frequency)."""
-    x = np.asarray(x, dtype=np.float64)
-    n_out = int(np.ceil(x.size * dst / src))
-    cutoff = 0.95 * min(1.0, dst / src)
-    padded = np.concatenate([np.zeros(half_taps), x, np.zeros(half_taps + 1)])
-    offsets = np.arange(-half_taps + 1, half_taps + 1)
-    out = np.empty(n_out)
-    for lo in range(0, n_out, 16_384):
-        m = np.arange(lo, min(lo + 16_384, n_out))
-        t = m * (src / dst)
-        base = np.floor(t).astype(np.int64)
-        d = (base[:, None] + offsets[None, :]) - t[:, None]  # tap positions relative to t
-        phase = np.pi * d / half_taps
-        window = 0.42 + 0.5 * np.cos(phase) + 0.08 * np.cos(2 * phase)
-        kernel = cutoff * np.sinc(cutoff * d) * np.where(np.abs(d) < half_taps, window, 0.0)
-        out[m] = (padded[base[:, None] + offsets[None, :] + half_taps] * kernel).sum(axis=1)
-    return out
 
 
 @functools.lru_cache(maxsize=256)
