@@ -5,7 +5,9 @@
     SidecarError
     ├── LocalError                 our side: configuration, a broken invariant
     │   ├── ConfigError            a setting is missing, malformed or contradicts another
-    │   └── StorageUnavailable     durable storage takes no writes now (503, Retry-After)
+    │   ├── StorageUnavailable     durable storage takes no writes now (503, Retry-After)
+    │   └── TtsError               text-to-speech refused: no such voice, bad rate
+    │       └── TtsUnavailable     no espeak-ng library or voice data on this host
     └── RemoteError                the other side sent something we refuse
         ├── BadInput               malformed or unacceptable input (HTTP 400 and kin)
         │   ├── UnsupportedMediaType   wrong Content-Type (415)
@@ -59,6 +61,15 @@ class StorageUnavailable(LocalError):
 
     def __init__(self, reason: str, *, retry_after: str = "5") -> None:
         super().__init__(reason, headers={"Retry-After": retry_after})
+
+
+class TtsError(LocalError):
+    """Text-to-speech (:mod:`sfu_sidecar.tts`) refused a request: an unknown voice, a bad rate."""
+
+
+class TtsUnavailable(TtsError):
+    """No espeak-ng library with its voice data here: neither the ``espeakng-loader`` wheel
+    nor the system's ``libespeak-ng``."""
 
 
 class RemoteError(SidecarError):
