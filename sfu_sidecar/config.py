@@ -614,6 +614,18 @@ class Settings:
         "Bearer token sent to the WHIP endpoints of push_targets (not to pushes made over the "
         "API, which bring their own)", metavar="TOKEN", secret=True,
     )
+    demo_source: str = _setting(
+        "speech", _parse_choice("speech", "beep"),
+        "what the demo publishes: speech (a presenter's sentences spoken by espeak-ng, one "
+        "caption per sentence) or beep (a flash and a beep every second, a caption on each "
+        "flash: the pattern A/V skew is measured with)", metavar="SOURCE",
+    )
+    demo_caption_offset_ms: int = _setting(
+        -400, _parse_int(-5000, 5000),
+        "where the speech demo starts and ends each caption against its sentence's true onset "
+        "and end, in ms (negative: early, as TTS pipelines often are; 0: true captions)",
+        metavar="MS",
+    )
 
     def __post_init__(self) -> None:
         # Settings that only make sense together, checked once whichever source gave them.
