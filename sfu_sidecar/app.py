@@ -111,8 +111,8 @@ def build_components(settings: Settings, metrics: Metrics) -> Components:
     # After sync: the relay calls observers in order, so the probe sees each packet's capture
     # time once sync has mapped it.
     # After sync too, as segments: speech reads each audio packet's capture time from it.
-    speech = (SpeechService(relay, sync, captions, now_ns=now_ns) if settings.speech_detect
-              else None)
+    speech = (SpeechService(settings, relay, sync, captions, now_ns=now_ns)
+              if settings.speech_detect else None)
     probe = ProbeService(settings, relay, metrics, now_ns=now_ns, sync=sync, clock=clock,
                          speech=speech)
     # After sync too: segments read each packet's capture time from it.
@@ -135,6 +135,8 @@ def add_component_routes(app: web.Application, components: Components) -> None:
         components.probe.add_routes(app)
     if components.segments is not None:
         segment_routes.add_routes(app, components.segments)
+    if components.speech is not None:
+        components.speech.add_routes(app)
 
 
 async def _healthz(request: web.Request) -> web.Response:

@@ -76,6 +76,7 @@ MAX_SKEW_MS = 60_000.0
 MAX_CAPTION_ERROR_MS = 3_600_000.0
 PUBLISHER_RULES = ("frame_jitter", "bursty_delivery")
 CAPTION_LAG_RULES = ("caption_lag", "caption_lag_bt1359")
+SPEECH_RULE_NAMES = (*CAPTION_LAG_RULES, "dub_lag")
 PUBLISHER_STALE_NS = 5_000_000_000
 DEFAULT_CLOCK_RATES = {"audio": 48000, "video": 90000}
 
@@ -152,7 +153,7 @@ class ProbeService(RelayObserver):
         self.labels = StreamLabels()
         # The caption lag alerts exist where something measures caption lag.
         self.alerts = Alerts(RULES if speech is None else {
-            **RULES, **{name: SPEECH_RULES[name] for name in CAPTION_LAG_RULES}})
+            **RULES, **{name: SPEECH_RULES[name] for name in SPEECH_RULE_NAMES}})
         self.renderers = Renderers()
         self.nvml = NvmlSampler(nvml_loader)
         self.gpu_sample = GpuSample(now_ns(), False, "not sampled yet")
@@ -361,6 +362,10 @@ class ProbeService(RelayObserver):
             langs = [lang for lang, v in lags.items() if v == worst]
             self._update(rule_name, name, worst, now,
                          f"language {langs[0]}" if langs else "")
+        dub = speech.dub_report(name)
+        if dub is not None:
+            source, report = dub
+            self._update("dub_lag", name, report.recent_median_ms, now, f"dub of {source}")
 
     def channel_backlogs(self) -> list[tuple[str, int, int]]:
         """(stream, bytes waiting, bound) of every viewer's sync channel."""
@@ -506,6 +511,7 @@ class ProbeService(RelayObserver):
                 "clock_error_ms": summary["clock_error_ms"],
                 "resyncs": sp.resyncs,
                 "caption_lag_ms": self._caption_lag_figures(name),
+                "dub_lag_ms": self._dub_lag_figures(name),
             }
         sample = self.gpu_sample
         return {
@@ -538,6 +544,14 @@ class ProbeService(RelayObserver):
                        "p95": r.p95_ms, "matched": r.matched}
                 for lang, r in self.speech.reports(name).items()}
 
+    def _dub_lag_figures(self, name: str) -> dict[str, Any] | None:
+        dub = self.speech.dub_report(name) if self.speech is not None else None
+        if dub is None:
+            return None
+        source, r = dub
+        return {"source": source, "recent_median": r.recent_median_ms, "median": r.median_ms,
+                "matched": r.matched}
+
     def stream_status(self, name: str, now: int) -> dict[str, Any]:
         """``GET /api/streams/{stream}/sync``: every statistic per track, and the viewers."""
         sp = self.streams.get(name) or StreamProbe(name)
@@ -566,11 +580,11 @@ class ProbeService(RelayObserver):
         none (``speech.state``)."""
         if self.speech is None:
             return {"speech": {"state": "off", "reason": "speech_detect is off"},
-                    "caption_lag": {}}
+                    "caption_lag": {}, "dub": None}
         status = self.speech.status(name)
         if status is None:
             return {"speech": {"state": NO_AUDIO, "reason": "no audio packet yet"},
-                    "caption_lag": {}}
+                    "caption_lag": {}, "dub": self.speech.dub_status(name)}
         return status
 
     # --- routes -------------------------------------------------------------------------------

@@ -148,9 +148,10 @@ class Aligner:
     """
 
     def __init__(self, *, window_ns: int = MATCH_WINDOW_NS, tolerance_ns: int = TOLERANCE_NS,
-                 keep: int = 500) -> None:
-        if window_ns <= 0 or tolerance_ns <= 0 or keep < 1:
-            raise ValueError("window, tolerance and keep must be positive")
+                 keep: int = 500, company: int = COMPANY) -> None:
+        if window_ns <= 0 or tolerance_ns <= 0 or keep < 1 or company < 0:
+            raise ValueError("window, tolerance and keep must be positive, company not negative")
+        self.company = company
         self.window_ns = window_ns
         self.tolerance_ns = min(tolerance_ns, window_ns)
         self.keep = keep
@@ -264,10 +265,10 @@ class Aligner:
         out: list[tuple[str, Follower]] = []
         for name, track in self.tracks.items():
             ready = [f for f in track.pending.values() if f.start_ns + self.window_ns <= heard]
-            if ready and len(ready) <= COMPANY and not final:
+            if ready and len(ready) <= self.company and not final:
                 wait = COMPANY_WAIT * self.window_ns
                 ready = [f for f in ready if f.start_ns + wait <= heard
-                         or self._company(track, f.start_ns) >= COMPANY]
+                         or self._company(track, f.start_ns) >= self.company]
             if ready:
                 out.extend((name, f) for f in self._match(track, ready))
             until = heard - 2 * self.window_ns
@@ -284,7 +285,7 @@ class Aligner:
         for f in (*track.settled.values(), *track.pending.values()):
             if abs(f.start_ns - start_ns) <= CONTEXT_NS:
                 near += 1
-                if near > COMPANY:
+                if near > self.company:
                     break
         return near - 1
 

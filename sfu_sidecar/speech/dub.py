@@ -26,6 +26,7 @@ DUB = "dub"
 # The alert input is the median of the last 3 utterances: the fewest that two lagging ones carry
 # while one stray one cannot (probe/alerts.py, dub_lag).
 RECENT_UTTERANCES = 3
+DUB_COMPANY = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +73,11 @@ class DubLagMeter:
         self.match_window_ns = match_window_ns
         self.keep = keep
         self.recent = recent
-        self._aligner = Aligner(window_ns=match_window_ns, tolerance_ns=tolerance_ns, keep=keep)
+        # A dub utterance is matched once one other is near (not two, as captions wait for):
+        # a dub's lag is well inside the window, and the alert must be able to raise on the
+        # second late utterance.
+        self._aligner = Aligner(window_ns=match_window_ns, tolerance_ns=tolerance_ns, keep=keep,
+                                company=DUB_COMPANY)
 
     def add_source(self, segment: SpeechSegment) -> None:
         self._aligner.add_leader(segment)

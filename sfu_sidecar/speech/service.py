@@ -14,26 +14,38 @@ microseconds per stream per tick (bench/speech_cost.py), far from the forwarding
 
 Works for every publisher kind (WHIP, an RTP tap, a cascade edge's upstream): all reach the
 relay as a publisher. A stream with no captions still gets its speech timeline.
+
+A dub is a stream declared to follow a source stream (``PUT /api/streams/{dub}/dub`` with
+``{"source": NAME}``, publish token): the dub's speech is matched utterance by utterance to the
+source's (:mod:`sfu_sidecar.speech.dub`) and its lag reported with the dub's status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from aiohttp import web
+
 from sfu_sidecar import logs
 from sfu_sidecar.captions.events import Cue, CueRetract, SubscriptionLost
 from sfu_sidecar.captions.service import CaptionService
+from sfu_sidecar.config import Settings
+from sfu_sidecar.exceptions import BadInput, NotFound
+from sfu_sidecar.httpapi import json_ok, read_body, require_content_type, require_publish
 from sfu_sidecar.relay.hooks import PacketInfo, PublisherHandle, RelayObserver
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.speech.decode import OpusDecoder
 from sfu_sidecar.speech.detector import SpeechDetector
+from sfu_sidecar.speech.dub import DubLagMeter, DubReport
 from sfu_sidecar.speech.lag import CaptionLagMeter, LagReport
 from sfu_sidecar.speech.segments import SpeechSegment
 from sfu_sidecar.speech.vad import make_vad
+from sfu_sidecar.streamname import ROUTE_VARIABLE, RULE, is_stream_name
 from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.tasks import Tasks
 
@@ -89,6 +101,14 @@ class StreamSpeech:
     cues_before_epoch: int = 0
 
 
+@dataclass
+class DubFollow:
+    """A dub stream following its source stream."""
+
+    source: str
+    meter: DubLagMeter = field(default_factory=DubLagMeter)
+
+
 class SpeechService(RelayObserver):
     """Component: speech onsets per stream and the caption lag meter."""
 
@@ -96,6 +116,7 @@ class SpeechService(RelayObserver):
 
     def __init__(
         self,
+        settings: Settings,
         relay: RelayService,
         sync: SyncService,
         captions: CaptionService | None,
@@ -103,9 +124,11 @@ class SpeechService(RelayObserver):
         now_ns: Callable[[], int],
         vad_factory: Callable[[int], Any] = make_vad,
     ) -> None:
+        self.settings = settings
         self.relay = relay
         self.sync = sync
         self.captions = captions
+        self.dubs: dict[str, DubFollow] = {}  # by dub stream
         self.now_ns = now_ns
         self.vad_factory = vad_factory
         self.streams: dict[str, StreamSpeech] = {}
@@ -210,6 +233,23 @@ class SpeechService(RelayObserver):
                 self._drain(ss, track)
             elif name not in relayed and ss.state == ENDED:
                 del self.streams[name]  # the stream ended: its figures went with it
+        for dub, follow in self.dubs.items():
+            self._settle_dub(dub, follow)
+
+    def _settle_dub(self, dub: str, follow: DubFollow) -> None:
+        """Match the dub's utterances both streams have been heard past."""
+        heard = [self._heard(dub), self._heard(follow.source)]
+        if None in heard:
+            return
+        source = self.streams[follow.source].track
+        open_onset = source.detector.open_onset_ns if source is not None else None
+        follow.meter.settle(min(h for h in heard if h is not None),
+                            source_open_onset_ns=open_onset)
+
+    def _heard(self, name: str) -> int | None:
+        ss = self.streams.get(name)
+        track = ss.track if ss is not None else None
+        return track.detector.heard_until_ns if track is not None else None
 
     def _drain(self, ss: StreamSpeech, track: _Track) -> None:
         detector = track.detector
@@ -236,6 +276,12 @@ class SpeechService(RelayObserver):
             ss.segments_heard += 1
             ss.segments.append(segment)
             ss.meter.add_speech(segment)
+            follow = self.dubs.get(ss.name)
+            if follow is not None:
+                follow.meter.add_dub(segment)
+            for other in self.dubs.values():
+                if other.source == ss.name:
+                    other.meter.add_source(segment)
 
     async def _tick_loop(self, interval_s: float) -> None:
         while True:
@@ -285,6 +331,11 @@ class SpeechService(RelayObserver):
             return {}
         return {lang: ss.meter.report(lang) for lang in ss.meter.languages()}
 
+    def dub_report(self, name: str) -> tuple[str, DubReport] | None:
+        """(source, report) of a dub stream; None for a stream that is no dub."""
+        follow = self.dubs.get(name)
+        return None if follow is None else (follow.source, follow.meter.report())
+
     def status(self, name: str, *, segments: int = 20) -> dict[str, Any] | None:
         """The stream's speech timeline and caption lag, for ``/api/streams/{stream}/sync``."""
         ss = self.streams.get(name)
@@ -307,8 +358,68 @@ class SpeechService(RelayObserver):
                 "dropped_packets": track.overflowed if track is not None else 0,
             },
             "caption_lag": {lang: report_dict(r) for lang, r in self.reports(name).items()},
+            "dub": self.dub_status(name),
             "cues_before_epoch": ss.cues_before_epoch,
         }
+
+    def dub_status(self, name: str) -> dict[str, Any] | None:
+        dub = self.dub_report(name)
+        if dub is None:
+            return None
+        source, r = dub
+        return {"source": source, "matched": r.matched, "unmatched_dub": r.unmatched_dub,
+                "unmatched_source": r.unmatched_source, "inside_source": r.inside_source,
+                "median_ms": r.median_ms, "p95_ms": r.p95_ms,
+                "recent_median_ms": r.recent_median_ms,
+                "drift_ms_per_min": r.drift_ms_per_min,
+                "lags": [[t, round(ms, 3)] for t, ms in r.lags[-50:]]}
+
+    # --- routes -----------------------------------------------------------------------------
+
+    def add_routes(self, app: web.Application) -> None:
+        path = f"/api/streams/{ROUTE_VARIABLE}/dub"
+        app.router.add_get(path, self._dub_get)
+        app.router.add_put(path, self._dub_put)
+        app.router.add_delete(path, self._dub_delete)
+
+    async def _dub_get(self, request: web.Request) -> web.Response:
+        name = request.match_info["stream"]
+        status = self.dub_status(name)
+        if status is None:
+            raise NotFound(f"stream {name} follows no source (PUT a source to declare one)")
+        return json_ok({"dub": name, **status})
+
+    async def _dub_put(self, request: web.Request) -> web.Response:
+        """Declare the stream a dub of ``source``: its speech is matched to the source's."""
+        require_publish(request, self.settings, "dub declarations")
+        name = request.match_info["stream"]
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise BadInput(f"body is not JSON: {exc}") from None
+        source = doc.get("source") if isinstance(doc, dict) else None
+        if not is_stream_name(source):
+            raise BadInput(f'body must be {{"source": STREAM}}, a stream name of {RULE}')
+        if source == name:
+            raise BadInput("a stream cannot be a dub of itself")
+        if source in self.dubs:
+            raise BadInput(f"stream {source} is itself a dub; name the stream it follows")
+        if any(f.source == name for f in self.dubs.values()):
+            raise BadInput(f"stream {name} is the source of a dub; it cannot be a dub too")
+        current = self.dubs.get(name)
+        if current is None or current.source != source:
+            self.dubs[name] = DubFollow(source)  # a new source: its figures start afresh
+            log.info("stream %s declared a dub of %s", name, source)
+        return json_ok({"dub": name, "source": source})
+
+    async def _dub_delete(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "dub declarations")
+        name = request.match_info["stream"]
+        if self.dubs.pop(name, None) is None:
+            raise NotFound(f"stream {name} follows no source")
+        return web.Response(status=204)
 
 
 def report_dict(report: LagReport, *, lags: int = 50) -> dict[str, Any]:

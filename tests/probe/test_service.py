@@ -26,6 +26,7 @@ from sfu_sidecar.client.whip import publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.probe.alerts import RULES
 from sfu_sidecar.probe.service import (
+    SPEECH_RULE_NAMES,
     ProbeService,
     clock_alert_values,
     histogram_counts,
@@ -206,7 +207,7 @@ async def test_discontinuity_alert_raises_and_clears(app: App) -> None:
     assert status == 200 and body["active"] == []
     assert [(e["alert"], e["state"], e["subject"]) for e in body["recent"]] == [
         ("discontinuity", "raised", "live"), ("discontinuity", "cleared", "live")]
-    assert {r["alert"] for r in body["rules"]} == {*RULES, "caption_lag", "caption_lag_bt1359"}
+    assert {r["alert"] for r in body["rules"]} == {*RULES, *SPEECH_RULE_NAMES}
 
 
 async def test_frame_jitter_alert_follows_the_video(app: App) -> None:
@@ -359,7 +360,7 @@ async def test_dashboard_push_starts_with_history_then_ticks(ticking_app: App) -
     async with app.http.ws_connect(app.base + "/api/dashboard/ws") as ws:
         hello = json.loads((await ws.receive(timeout=5)).data)
         assert hello["type"] == "hello"
-        assert {r["alert"] for r in hello["rules"]} == {*RULES, "caption_lag", "caption_lag_bt1359"}
+        assert {r["alert"] for r in hello["rules"]} == {*RULES, *SPEECH_RULE_NAMES}
         assert hello["history"][-1]["streams"]["live"]["tracks"]["video"]["frame_rms_ms"] == 0.0
         # The component's own one-second tick reaches this dashboard.
         tick = json.loads((await ws.receive(timeout=5)).data)

@@ -245,6 +245,84 @@ async def test_payloads_the_decoder_refuses_are_counted_and_say_why(
     assert heard["segments_heard"] == 0 and heard["decoded_packets"] == 0, heard
 
 
+DUB_LATE_MS = 300
+DUB_LATE_UTTERANCES = 4
+
+
+async def test_a_dub_300_ms_behind_its_source_raises_its_alert_and_clears_once_fixed(
+    server: tuple[str, ProbeService],
+) -> None:
+    """A dub stream declared to follow a source stream speaks the same sentences, the first
+    four 300 ms after the source and the rest on time: each utterance's lag is reported within
+    20 ms, dub_lag is raised while the dub is late and cleared once it is on time again."""
+    base, _ = server
+    parts = [(voice, 170, speech.sentences_for(voice)[i])
+             for i in range(2) for voice in speech.VOICES]
+    pauses = [1.0, 1.2, 0.9, 1.3, 1.0, 1.1, 0.9]
+    source = speech.compose(parts, pauses)
+    late_s = DUB_LATE_MS / 1000
+    # The same sentences, the first ones moved later, then back on the source's time.
+    dub_pauses = list(pauses)
+    dub_pauses[DUB_LATE_UTTERANCES - 1] -= late_s
+    dub = speech.compose(parts, dub_pauses, lead_s=0.5 + late_s)
+    truth = [(d - s) / 1e6 for d, s in zip(dub.onset_ns(), source.onset_ns(), strict=True)]
+    assert [round(t) for t in truth] == ([DUB_LATE_MS] * DUB_LATE_UTTERANCES
+                                         + [0] * (len(parts) - DUB_LATE_UTTERANCES))
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{base}/api/streams/talk-de/dub", json={"source": STREAM}) as r:
+            assert r.status == 200, await r.text()
+        async with http.put(f"{base}/api/streams/talk-de/dub", json={"source": "talk-de"}) as r:
+            assert r.status == 400 and "itself" in (await r.json())["error"]
+        async with http.get(f"{base}/api/streams/{STREAM}/dub") as r:
+            assert r.status == 404
+        timeline = Timeline(time.time_ns() + 1_500_000_000, time.monotonic() + 1.5)
+        sessions = [await publish(f"{base}/whip/{name}", [PcmAudioTrack(timeline, said.pcm)],
+                                  capture_start_ns=timeline.start_house_ns,
+                                  ice_addresses=LOOPBACK)
+                    for name, said in ((STREAM, source), ("talk-de", dub))]
+        raised_at: int | None = None  # utterances matched when the alert was first seen
+        cleared = False
+        report: dict[str, Any] = {}
+        try:
+            deadline = time.monotonic() + source.pcm.size / speech.RATE + 30
+            while True:
+                report = (await _sync_of(http, base, "talk-de"))["dub"]
+                active = {a["alert"] for a in await _alerts(base)}
+                if "dub_lag" in active and raised_at is None:
+                    raised_at = report["matched"]
+                cleared = raised_at is not None and "dub_lag" not in active
+                if report["matched"] >= len(parts) and cleared:
+                    break
+                assert time.monotonic() < deadline, (report, raised_at, active)
+                await asyncio.sleep(0.25)
+        finally:
+            for session in sessions:
+                await session.close()
+    lags = [lag for _, lag in report["lags"]]
+    print(f"dub lags {[round(x, 1) for x in lags]} (truth {[round(t) for t in truth]}); "
+          f"dub_lag raised with {raised_at} utterances matched, cleared after "
+          f"{report['matched']}")
+    assert len(lags) == len(parts), report
+    assert all(abs(lag - t) <= MEDIAN_MS for lag, t in zip(lags, truth, strict=True)), lags
+    assert raised_at is not None and raised_at <= 2, raised_at  # on the second late one
+    assert (report["unmatched_dub"], report["unmatched_source"]) == (0, 0), report
+    events = [(e["alert"], e["state"]) for e in await _recent(base) if e["subject"] == "talk-de"]
+    assert events == [("dub_lag", "raised"), ("dub_lag", "cleared")], events
+
+
+async def _sync_of(http: aiohttp.ClientSession, base: str, stream: str) -> dict[str, Any]:
+    async with http.get(f"{base}/api/streams/{stream}/sync") as r:
+        assert r.status == 200, await r.text()
+        body: dict[str, Any] = await r.json()
+        return body
+
+
+async def _recent(base: str) -> list[dict[str, Any]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{base}/api/alerts") as r:
+        body: dict[str, Any] = await r.json()
+        return list(body["recent"])
+
+
 async def _alerts(base: str) -> list[dict[str, Any]]:
     async with aiohttp.ClientSession() as http, http.get(f"{base}/api/alerts") as r:
         body: dict[str, Any] = await r.json()

@@ -166,6 +166,7 @@ function renderStream(name, entry) {
     `discontinuities ${video.discontinuities ?? 0}`,
     `resyncs ${s.resyncs}`,
     `captions vs voice ${captionLagText(s.caption_lag_ms) || "–"}`,
+    ...(s.dub_lag_ms ? [`dub of ${s.dub_lag_ms.source} ${formatMs(s.dub_lag_ms.recent_median, 0)} behind`] : []),
   ].join("   "));
   for (const plot of STREAM_PLOTS) {
     plots.get(`${name}/${plot.id}`).setData(entry.table.data(plot.series.map((x) => x.key)));

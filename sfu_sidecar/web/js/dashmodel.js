@@ -38,10 +38,11 @@ export const STREAM_PLOTS = [
     ],
   },
   {
-    id: "caption_lag", title: "Caption lag to the voice (+ caption after)", unit: "ms",
+    id: "caption_lag", title: "Captions and dub against the voice (+ after it)", unit: "ms",
     series: [
-      { key: "caption_lag_worst", label: "worst language (median of last 10 cues)", color: "#ef9a9a" },
-      { key: "caption_lag_best", label: "best language", color: "#81c784" },
+      { key: "caption_lag_worst", label: "captions, worst language (median of last 10 cues)", color: "#ef9a9a" },
+      { key: "caption_lag_best", label: "captions, best language", color: "#81c784" },
+      { key: "dub_lag", label: "dub behind its source (median of last 3)", color: "#4fc3f7" },
     ],
     thresholds: (rules) => [
       { value: rules.caption_lag?.high, label: "+300", color: "#ef5350" },
@@ -167,6 +168,7 @@ export function streamRow(s) {
     drift_audio: audio.drift_ppm ?? null,
     kurtosis_video: video.kurtosis ?? null,
     ...captionLagRow(s.caption_lag_ms),
+    dub_lag: s.dub_lag_ms?.recent_median ?? null,
   };
 }
 
