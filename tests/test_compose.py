@@ -49,11 +49,11 @@ from tests.support import containers
 from tests.support.janus import JanusHttp, publish_in_videoroom
 from tests.sync.test_channel import _mid, collect, decoded_frames
 
-# One lane with the coturn test of tests/test_deploy.py: the stack's coturn publishes the
-# compose file's relay port range on the host, where that test's coturn allocates in it too.
-COTURN_RELAY_PORTS = "coturn-relay-ports"
+# One lane with the image tests and the coturn test of tests/test_deploy.py: the stack
+# publishes the compose file's ICE and TURN relay port ranges on the host, where the image's
+# container and that test's coturn bind in the same ranges.
 pytestmark = [pytest.mark.needs("podman", "podman-compose", "debootstrap", "runc"),
-              pytest.mark.timeout(1200), pytest.mark.xdist_group(COTURN_RELAY_PORTS)]
+              pytest.mark.timeout(1200), pytest.mark.xdist_group("compose-file-host-ports")]
 
 TOKEN = "compose-publish-token"
 ROOM = 1234

@@ -366,7 +366,7 @@ def test_ptp_lab_grandmaster_configuration_takes_the_grandmaster_role(tmp_path: 
 
 
 # In the compose stack's lane (tests/test_compose.py): both relay in the compose file's ports.
-@pytest.mark.xdist_group("coturn-relay-ports")
+@pytest.mark.xdist_group("compose-file-host-ports")
 @pytest.mark.needs("turnserver")
 def test_coturn_with_the_compose_command_line_relays_for_the_sidecars_turn_credentials(
     tmp_path: Path,

@@ -22,7 +22,10 @@ from tests.conftest import ROOT, free_port
 from tests.relay.peers import PatternVideo, ToneAudio, publish, view, wait_for
 from tests.support import containers
 
-pytestmark = [pytest.mark.needs("podman", "debootstrap", "runc"), pytest.mark.timeout(1200)]
+# In the compose stack's lane (tests/test_compose.py): its sidecar publishes the ICE port range
+# on the host, the range this image's container binds in.
+pytestmark = [pytest.mark.needs("podman", "debootstrap", "runc"), pytest.mark.timeout(1200),
+              pytest.mark.xdist_group("compose-file-host-ports")]
 
 IMAGE = "localhost/sfu-sidecar:test"
 TOKEN = "image-test-token"

@@ -79,8 +79,10 @@ async def watch_in_chromium(base: str, seconds: float, result: dict[str, Any]) -
     async with chromium.async_browser() as browser, aiohttp.ClientSession() as http:
         page = await browser.new_page()
         await page.goto(f"{base}/?stream=janus")
+        # The page's modules load before it names itself; on a loaded machine (a core busy,
+        # the suite's other lane) that took over 10 s once.
         await page.wait_for_function("() => window.sfuViewer !== undefined",
-                                     timeout=10000)
+                                     timeout=30000)
         await page.evaluate(RECORD_JS)
         # Cues for frames captured from 2 s on, every 3 s while the page watches.
         first = time.time_ns() + 2 * 1_000_000_000
