@@ -276,7 +276,7 @@ class RelayRoutes:
             text = (await self._sdp_body(request)).decode("utf-8", "replace")
             tap_request = tap_request_from_sdp(
                 text, request.query.get("stream"), request.query.get("source"),
-                self.settings.max_sdp_lines)
+                self.settings.max_sdp_lines, request.query.get("sender_clock"))
         else:
             body = await read_body(request, self.settings.max_body_bytes)
             try:

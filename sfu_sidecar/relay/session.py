@@ -311,6 +311,12 @@ class PublisherSource(_SessionBase):
         epoch comes from upstream (a pull from another sidecar), not from this node."""
         return False
 
+    @property
+    def sender_clock_is_house(self) -> bool:
+        """Whether the sender's RTCP sender reports are declared to be on the house clock (a
+        tap whose sender's host keeps house time): its capture times are then exact."""
+        return False
+
     # --- packet path ----------------------------------------------------------------------
 
     def _add_track(self, m: sdpmod.MediaInfo, sender: sdpmod.MediaInfo) -> PublisherTrack:

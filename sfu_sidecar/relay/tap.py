@@ -73,6 +73,10 @@ class TapRequest:
     stream: str
     media: tuple[TapMedia, ...]
     source: str | None
+    # "house": the sender's RTCP sender reports are on the house clock (its host keeps that
+    # time, e.g. by PTP or NTP from the same source), so capture times are exact; "own" (the
+    # default): an unknown clock, whose offset is estimated from arrivals and flagged.
+    sender_clock: str = "own"
 
 
 def check_int(value: Any, what: str, low: int, high: int) -> int:
@@ -157,11 +161,12 @@ def parse_tap_request(body: Any) -> TapRequest:
     """A ``POST /api/taps`` body, checked field by field; :class:`BadInput` says what is wrong.
 
     ``{"stream": NAME, "media": [{"kind", "codec", "payload_type", "clock_rate"?,
-    "channels"?, "ssrc"?, "parameters"?}], "source"?: IP}``, at most one media per kind.
+    "channels"?, "ssrc"?, "parameters"?}], "source"?: IP, "sender_clock"?: "house"|"own"}``,
+    at most one media per kind.
     """
     if not isinstance(body, dict):
         raise BadInput("body must be a JSON object")
-    check_keys(body, ("stream", "media", "source"), "tap")
+    check_keys(body, ("stream", "media", "source", "sender_clock"), "tap")
     stream = check_stream(body.get("stream"))
     items = body.get("media")
     if not isinstance(items, list) or not 1 <= len(items) <= len(FORWARDABLE):
@@ -178,8 +183,14 @@ def parse_tap_request(body: Any) -> TapRequest:
         if not isinstance(source, str):
             raise BadInput("source must be an IP address")
         source = str(check_address(source, "source"))
-    return TapRequest(stream, media, source)
+    sender_clock = body.get("sender_clock", "own")
+    if sender_clock not in SENDER_CLOCKS:
+        raise BadInput(f"sender_clock must be one of {', '.join(SENDER_CLOCKS)}: house when the "
+                       "sender's RTCP sender reports are on the house clock")
+    return TapRequest(stream, media, source, sender_clock)
 
+
+SENDER_CLOCKS = ("own", "house")
 
 _SDP_RTPMAP = re.compile(r"a=rtpmap:([0-9]{1,3}) ([^/\s]+)/([0-9]{1,9})(?:/([0-9]{1,2}))?")
 _SDP_FMTP = re.compile(r"a=fmtp:([0-9]{1,3}) (\S.*)")
@@ -187,7 +198,7 @@ _SDP_SSRC = re.compile(r"a=ssrc:([0-9]{1,10})(?: .*)?")
 
 
 def tap_request_from_sdp(text: str, stream: str | None, source: str | None,
-                         max_lines: int) -> TapRequest:
+                         max_lines: int, sender_clock: str | None = None) -> TapRequest:
     """A tap described by the SDP a plain-RTP sender writes (``ffmpeg -sdp_file``, GStreamer,
     an SFU's PlainTransport): per audio or video m-line, the first payload type whose codec
     the relay forwards, with its ``a=fmtp`` parameters and ``a=ssrc`` when given. The ports
@@ -235,6 +246,8 @@ def tap_request_from_sdp(text: str, stream: str | None, source: str | None,
     body: dict[str, Any] = {"stream": stream, "media": media}
     if source is not None:
         body["source"] = source
+    if sender_clock is not None:
+        body["sender_clock"] = sender_clock
     return parse_tap_request(body)
 
 
@@ -504,6 +517,10 @@ class TapSession(PublisherSource):
         # The ports are free when this returns, so a DELETE's answer means they can be reused.
         await asyncio.gather(*(e.lost.wait() for e in endpoints if e.transport is not None))
 
+    @property
+    def sender_clock_is_house(self) -> bool:
+        return self.request.sender_clock == "house"
+
     def description(self) -> dict[str, Any]:
         """Where to send: the ports per media, as the creating request is answered."""
         return {
@@ -511,6 +528,7 @@ class TapSession(PublisherSource):
             "stream": self.stream.name,
             "host": self.host,
             "source": self.request.source,
+            "sender_clock": self.request.sender_clock,
             "media": [
                 {
                     "kind": m.kind,

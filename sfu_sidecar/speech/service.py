@@ -56,6 +56,10 @@ TICK_S = 0.2
 # loses the oldest audio (counted), not memory.
 MAX_PENDING = 250
 SEGMENTS_KEPT = 200
+# Capture times that jump by less than this between packets continue the audio: a lost packet
+# (20 ms) or a new sender report moving the capture-time mapping by a few tens of milliseconds
+# is no pause in the speech; longer (DTX, a publisher that stopped) ends the speech heard.
+GAP_MS = 60.0
 S = 1_000_000_000
 
 # Why a stream has no speech figures (the ``state`` of its status).
@@ -200,7 +204,8 @@ class SpeechService(RelayObserver):
             return None
         decoder = OpusDecoder()
         rate = decoder.sample_rate
-        ss.track = _Track(packet.ssrc, decoder, SpeechDetector(rate, self.vad_factory(rate)))
+        detector = SpeechDetector(rate, self.vad_factory(rate), gap_ms=GAP_MS)
+        ss.track = _Track(packet.ssrc, decoder, detector)
         ss.state, ss.reason = NOT_MAPPED, ""
         return ss.track
 

@@ -172,6 +172,10 @@ class SyncService(RelayObserver):
             publisher = slot.publisher if slot is not None else None
             pub.sync.set_relayed(publisher is not None and publisher.id == publisher_id
                                  and publisher.relayed)
+            if (publisher is not None and publisher.id == publisher_id
+                    and publisher.sender_clock_is_house):
+                # Declared on the house clock: no offset between the two, known exactly.
+                pub.sync.join(0)
         return pub
 
     def publisher_connected(self, publisher: PublisherHandle) -> None:

@@ -13,7 +13,10 @@ import asyncio
 import random
 import socket
 import statistics
+import struct
+import subprocess
 import time
+import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,7 @@ from sfu_sidecar.probe.service import ProbeService
 from sfu_sidecar.synthetic import PcmAudioTrack, Timeline
 from tests.conftest import IN_PROCESS
 from tests.relay.peers import LOOPBACK, wait_for
+from tests.relay.test_tap import running
 from tests.support import speech
 
 pytestmark = [pytest.mark.needs("espeak-ng")]
@@ -243,6 +247,135 @@ async def test_payloads_the_decoder_refuses_are_counted_and_say_why(
     print(f"speech state: {heard['state']}: {heard['reason']}")
     assert heard["state"] == "no audio" and "refused" in heard["reason"], heard
     assert heard["segments_heard"] == 0 and heard["decoded_packets"] == 0, heard
+
+
+NTP_TO_UNIX_S = 2_208_988_800
+FFMPEG_MS = 40.0
+
+
+class _Forwarder(asyncio.DatagramProtocol):
+    """Passes a sender's datagrams on to ``target`` untouched, noting when the first came."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.first: tuple[int, bytes] | None = None  # (arrival house ns, datagram)
+        self.transport: Any = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        if self.first is None:
+            self.first = (time.time_ns(), data)
+        self.transport.sendto(data, self.target)
+
+    def sender_report(self) -> tuple[int, int] | None:
+        """(NTP time as Unix ns, RTP timestamp) of the first RTCP sender report seen."""
+        if self.first is None or len(self.first[1]) < 20 or self.first[1][1] != 200:
+            return None
+        seconds, fraction, rtp = struct.unpack("!IIII", self.first[1][8:24])[:3]
+        return (seconds - NTP_TO_UNIX_S) * 1_000_000_000 + fraction * 1_000_000_000 // 2**32, rtp
+
+
+@pytest.mark.needs("ffmpeg")
+async def test_ffmpeg_speech_into_an_rtp_tap_is_heard_and_its_captions_measured(
+    server: tuple[str, ProbeService], tmp_path: Path,
+) -> None:
+    """A sender nobody here wrote: ffmpeg sends the espeak-ng sentences (Ogg Opus it encoded
+    with libopus) as RTP with its own sender reports into an RTP tap. The truth the captions
+    (three languages) are placed against is ffmpeg's own: its first sender report (sent with
+    its first packet) maps RTP time to its wall clock, and sample k of the speech has the RTP
+    time of the first packet less that packet's pts (ffprobe) plus k."""
+    base, _ = server
+    offsets = {"en": -400, "de": 0, "fr": 150}
+    # Speech after 5.5 s of silence: ffmpeg's first sender report (5 s) maps every sentence.
+    said = speech.compose([(v, 160, speech.sentences_for(v)[i]) for i in range(2)
+                           for v in speech.VOICES[:2]], (0.9, 1.3, 0.7), lead_s=5.5,
+                           tail_s=4.0)
+    wav, ogg = tmp_path / "talk.wav", tmp_path / "talk.ogg"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(speech.RATE)
+        w.writeframes(said.pcm.tobytes())
+    await asyncio.to_thread(subprocess.run, [
+        "ffmpeg", "-nostdin", "-loglevel", "error", "-i", str(wav), "-c:a", "libopus",
+        "-application", "voip", "-frame_duration", "20", "-b:a", "32k", str(ogg)],
+        check=True, timeout=60)
+    probe_out = await asyncio.to_thread(subprocess.run, [
+        "ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries", "packet=pts",
+        "-read_intervals", "%+#1", "-of", "csv=p=0", str(ogg)],
+        check=True, timeout=30, capture_output=True, text=True)
+    # The first packet starts before sample 0 by libopus's pre-skip: its pts is negative.
+    first_pts = int(probe_out.stdout.split()[0].rstrip(","))
+    loop = asyncio.get_running_loop()
+    async with aiohttp.ClientSession() as http:
+        # ffmpeg's reports are on this host's clock, which is the service's house clock here.
+        tap_body = {"stream": STREAM, "source": "127.0.0.1", "sender_clock": "house",
+                    "media": [{"kind": "audio", "codec": "opus", "payload_type": 111}]}
+        async with http.post(f"{base}/api/taps", json=tap_body) as r:
+            assert r.status == 201, await r.text()
+            tap = await r.json()
+        assert tap["sender_clock"] == "house"
+        ports = tap["media"][0]
+        rtp, forward = await loop.create_datagram_endpoint(
+            lambda: _Forwarder(("127.0.0.1", ports["rtp_port"])), local_addr=("127.0.0.1", 0))
+        rtcp, reports = await loop.create_datagram_endpoint(
+            lambda: _Forwarder(("127.0.0.1", ports["rtcp_port"])), local_addr=("127.0.0.1", 0))
+        rtp_port = rtp.get_extra_info("sockname")[1]
+        rtcp_port = rtcp.get_extra_info("sockname")[1]
+        cmd = ["ffmpeg", "-nostdin", "-loglevel", "error", "-re", "-i", str(ogg), "-c", "copy",
+               "-payload_type", "111", "-f", "rtp",
+               f"rtp://127.0.0.1:{rtp_port}?rtcpport={rtcp_port}&pkt_size=1200"]
+        log = tmp_path / "ffmpeg.log"
+        body: dict[str, Any] = {}
+        try:
+            with running(cmd, log):
+                await wait_for(lambda: reports.sender_report() is not None, 10,
+                               "ffmpeg's first sender report")
+                assert forward.first is not None
+                sr = reports.sender_report()
+                assert sr is not None
+                first_ts = int.from_bytes(forward.first[1][4:8], "big")
+                zero_ts = (first_ts - first_pts) & 0xFFFFFFFF  # RTP time of sample 0
+                elapsed = ((sr[1] - zero_ts + 2**31) % 2**32) - 2**31
+                start_ns = sr[0] - elapsed * 1_000_000_000 // speech.RATE
+                for lang, offset_ms in offsets.items():
+                    await _post_cues(http, base, lang, said, start_ns, offset_ms)
+                deadline = time.monotonic() + said.pcm.size / speech.RATE + 30
+                while True:
+                    body = await _sync(http, base)
+                    lag = body["caption_lag"]
+                    if set(lag) == set(offsets) and all(
+                            r["matched"] + r["unmatched_cues"] + r["inside_speech"]
+                            >= len(said.onsets) for r in lag.values()):
+                        break
+                    assert time.monotonic() < deadline, (body, log.read_text())
+                    await asyncio.sleep(0.5)
+        finally:
+            rtp.close()
+            rtcp.close()
+    heard = body["speech"]
+    errors, missed, false = speech.score(said, start_ns,
+                                         [_Segment(on, off) for on, off in heard["segments"]])
+    print(f"ffmpeg (first pts {first_pts}): onsets against its sender report: errors "
+          f"{[round(e, 1) for e in errors]} ms; missed {missed}, false {false}; "
+          f"estimated {heard['estimated']}")
+    assert (missed, false) == (0, 0), heard
+    assert not heard["estimated"], heard  # mapped by ffmpeg's sender reports
+    # ffmpeg's reports put each packet's capture after the packet left (they count from its
+    # first packet, whose pts is the pre-skip before sample 0), and the relay keeps capture
+    # before arrival: its capture times run up to ~30 ms early until ffmpeg's third report.
+    # The languages' lags then differ exactly as injected; each is within FFMPEG_MS of it.
+    medians = {lang: body["caption_lag"][lang]["median_ms"] for lang in offsets}
+    for lang, offset_ms in offsets.items():
+        report = body["caption_lag"][lang]
+        print(f"ffmpeg {lang}: injected {offset_ms:+d} ms, measured median "
+              f"{report['median_ms']:+.1f} ms, per cue {[round(x) for _, x in report['lags']]}")
+        assert report["matched"] == len(said.onsets), report
+        assert abs(report["median_ms"] - offset_ms) <= FFMPEG_MS, report
+        assert abs((medians[lang] - medians["de"]) - (offset_ms - offsets["de"])) <= 2.0
+        assert all(abs(lag - offset_ms) <= FFMPEG_MS for _, lag in report["lags"]), report
 
 
 DUB_LATE_MS = 300
