@@ -123,6 +123,8 @@ def port_free(port: int) -> bool:
         ({"stream": "s", "media": [VIDEO_AUDIO[0], {**VIDEO_AUDIO[1], "payload_type": 96}]},
          "own payload_type"),
         ({"stream": "s", "media": VIDEO_AUDIO, "source": "example.com"}, "IP address"),
+        ({"stream": "s", "media": VIDEO_AUDIO, "sender_clock": "ptp"}, "sender_clock"),
+        ({"stream": "s", "media": VIDEO_AUDIO, "sender_clock": True}, "sender_clock"),
         ({"stream": "s", "media": [{"kind": "video", "codec": "h264", "payload_type": 102,
                                     "parameters": {"packetization-mode": 0}}]},
          "packetization-mode"),
