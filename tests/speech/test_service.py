@@ -31,7 +31,8 @@ from sfu_sidecar.config import load_settings
 from sfu_sidecar.probe.service import ProbeService
 from sfu_sidecar.synthetic import PcmAudioTrack, Timeline
 from tests.conftest import IN_PROCESS
-from tests.relay.peers import LOOPBACK, wait_for
+from tests.relay.peers import LOOPBACK, view, wait_for
+from tests.relay.test_cascade import Node
 from tests.relay.test_tap import running
 from tests.support import speech
 
@@ -376,6 +377,62 @@ async def test_ffmpeg_speech_into_an_rtp_tap_is_heard_and_its_captions_measured(
         assert abs(report["median_ms"] - offset_ms) <= FFMPEG_MS, report
         assert abs((medians[lang] - medians["de"]) - (offset_ms - offsets["de"])) <= 2.0
         assert all(abs(lag - offset_ms) <= FFMPEG_MS for _, lag in report["lags"]), report
+
+
+async def test_a_cascade_edge_hears_the_origins_speech_and_measures_its_captions(
+    tmp_path: Path,
+) -> None:
+    """An edge relaying the origin's stream listens to the relayed audio on the origin's clock,
+    and the captions posted at the origin (mirrored to the edge) are measured there too."""
+    origin = Node(tmp_path / "origin", node_id="origin")
+    edge = Node(tmp_path / "edge", node_id="edge", origin_url=origin.base)
+    origin.start()
+    edge.start()
+    said = speech.compose([(v, 160, speech.sentences_for(v)[i]) for i in range(2)
+                           for v in speech.VOICES[:2]], (0.9, 1.3, 0.7), lead_s=1.0, tail_s=4.0)
+    offsets = {"en": -300, "de": 200}
+    try:
+        timeline = Timeline(time.time_ns() + 2_000_000_000, time.monotonic() + 2.0)
+        publisher = await publish(f"{origin.base}/whip/{STREAM}",
+                                  [PcmAudioTrack(timeline, said.pcm)],
+                                  capture_start_ns=timeline.start_house_ns,
+                                  ice_addresses=LOOPBACK)
+        async with aiohttp.ClientSession() as http:
+            viewer = await view(http, edge.base, STREAM, kinds=("audio",))  # the edge pulls
+            try:
+                assert await publisher.joined() is not None
+                for lang, offset_ms in offsets.items():
+                    await _post_cues(http, origin.base, lang, said, timeline.start_house_ns,
+                                     offset_ms)
+                deadline = time.monotonic() + said.pcm.size / speech.RATE + 30
+                body: dict[str, Any] = {}
+                while True:
+                    body = await _sync(http, edge.base)
+                    lag = body["caption_lag"]
+                    if set(lag) == set(offsets) and all(
+                            r["matched"] + r["unmatched_cues"] + r["inside_speech"]
+                            >= len(said.onsets) for r in lag.values()):
+                        break
+                    assert time.monotonic() < deadline, (body, edge.log())
+                    await asyncio.sleep(0.5)
+            finally:
+                await viewer.close()
+                await publisher.close()
+    finally:
+        edge.stop()
+        origin.stop()
+    heard = body["speech"]
+    errors, missed, false = speech.score(said, timeline.start_house_ns,
+                                         [_Segment(on, off) for on, off in heard["segments"]])
+    print(f"edge: onsets |error| {[round(abs(e), 1) for e in errors]} ms; "
+          f"estimated {heard['estimated']}")
+    assert (missed, false) == (0, 0) and not heard["estimated"], heard
+    for lang, offset_ms in offsets.items():
+        report = body["caption_lag"][lang]
+        print(f"edge {lang}: injected {offset_ms:+d} ms, measured median "
+              f"{report['median_ms']:+.1f} ms")
+        assert report["matched"] == len(said.onsets), report
+        assert abs(report["median_ms"] - offset_ms) <= MEDIAN_MS, report
 
 
 DUB_LATE_MS = 300
