@@ -553,6 +553,19 @@ class Settings:
         "timeline and measure each caption's lag to the voice it captions",
         metavar="BOOL",
     )
+    caption_align: str = _setting(
+        "report", _parse_choice("off", "report", "snap"),
+        "captions against the voice heard in the stream (with speech_detect): report measures "
+        "each final cue's lag to the speech it captions; snap also moves a cue within "
+        "caption_align_max_ms of its speech onto it (duration kept, the shift recorded on "
+        "the cue; cues posted with fixed: true are never moved); off measures nothing",
+        metavar="MODE",
+    )
+    caption_align_max_ms: int = _setting(
+        1000, _parse_int(1, 2500),
+        "snap moves a cue only this far at most (a farther match is reported, not trusted "
+        "enough to move captions by)", metavar="MS",
+    )
     redis_url: str | None = _setting(
         None, _parse_redis_url,
         "Redis server for the caption store, redis://[:PASSWORD@]HOST[:PORT][/DB] (nodes on one "

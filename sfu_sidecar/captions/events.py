@@ -40,6 +40,9 @@ class Cue:
 
     ``settings`` is the WebVTT cue settings list (``line:10% align:start``), empty for none: a
     viewer places the cue where the producer asked, and an edge stores it as the origin does.
+    ``fixed``: its author's times are not to be moved by caption alignment (a chapter title);
+    ``shift_ms``: how far alignment moved it onto the voice (its author's start is ``start``
+    less that). Both travel so an edge stores the cue as the origin does.
     """
 
     stream: str
@@ -50,6 +53,8 @@ class Cue:
     text: str
     final: bool
     settings: str = ""
+    fixed: bool = False
+    shift_ms: int = 0
     type: ClassVar[str] = "cue"
 
 

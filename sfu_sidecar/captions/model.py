@@ -47,6 +47,8 @@ class StoredCue:
     seq: int
     settings: str = ""
     deleted: bool = False
+    fixed: bool = False  # its author's times are never moved by caption alignment
+    shift_ms: int = 0  # moved this far onto the voice by caption alignment (start - author's)
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -63,7 +65,7 @@ class StoredCue:
     def cue_event(self) -> Cue:
         """The live event of this cue as it now stands (its text, times, finality, settings)."""
         return Cue(self.stream, self.lang, self.id, self.start, self.end, self.text, self.final,
-                   self.settings)
+                   self.settings, self.fixed, self.shift_ms)
 
     def event(self) -> Cue | CueRetract:
         """The live event this record causes: the cue, or its retraction."""
@@ -73,8 +75,10 @@ class StoredCue:
 
     def same_content(self, other: StoredCue) -> bool:
         return (
-            self.start_ms, self.end_ms, self.text, self.final, self.settings, self.deleted
-        ) == (other.start_ms, other.end_ms, other.text, other.final, other.settings, other.deleted)
+            self.start_ms, self.end_ms, self.text, self.final, self.settings, self.deleted,
+            self.fixed, self.shift_ms,
+        ) == (other.start_ms, other.end_ms, other.text, other.final, other.settings, other.deleted,
+              other.fixed, other.shift_ms)
 
     def to_webvtt(self) -> webvtt.Cue:
         settings = webvtt.parse_cue_settings(self.settings, ()) if self.settings else {}
@@ -87,6 +91,13 @@ class StoredCue:
         }
         if self.settings:
             out["settings"] = self.settings
+        if self.fixed:
+            out["fixed"] = True
+        if self.shift_ms:
+            # Moved onto the voice: the author's own times stay readable.
+            out["aligned_ms"] = self.shift_ms
+            out["author_start"] = webvtt.seconds_from_ms(self.start_ms - self.shift_ms)
+            out["author_end"] = webvtt.seconds_from_ms(self.end_ms - self.shift_ms)
         if self.deleted:
             out["retracted"] = True
         return out
@@ -105,6 +116,8 @@ class CueInput:
     text: str
     final: bool
     settings: str = ""
+    fixed: bool = False
+    shift_ms: int = 0  # only from an upstream relay's cue, never from a producer
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,7 +209,7 @@ def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBa
         where = f"cues[{i}]"
         if not isinstance(raw, Mapping):
             raise Unprocessable(f"{where} must be an object")
-        unknown = set(raw) - {"id", "start", "end", "text", "final", "settings"}
+        unknown = set(raw) - {"id", "start", "end", "text", "final", "settings", "fixed"}
         if unknown:
             raise Unprocessable(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         cue_id = None if raw.get("id") is None else check_cue_id(raw["id"], f"{where}.id")
@@ -212,8 +225,11 @@ def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBa
         if not isinstance(final, bool):
             raise Unprocessable(f"{where}.final must be true or false")
         settings = check_settings(raw.get("settings", ""), f"{where}.settings")
+        fixed = raw.get("fixed", False)
+        if not isinstance(fixed, bool):
+            raise Unprocessable(f"{where}.fixed must be true or false")
         cues.append(CueInput(cue_id, start, end, check_text(raw.get("text"), where), final,
-                             settings))
+                             settings, fixed))
         _check_interval(cues[-1], timebase, where)
     return IngestBatch(lang, timebase, tuple(cues))
 

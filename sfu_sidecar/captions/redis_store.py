@@ -125,8 +125,11 @@ return out
 
 def _cue_from(raw: Any) -> StoredCue:
     s, lang, cue_id, a, b, text, final, seq, settings, deleted = raw[:10]
+    # Index 10 is the write's "id generated" flag; the alignment fields follow it (absent in
+    # cues written before they existed: their author's, unmoved).
+    fixed, shift = (raw[11], raw[12]) if len(raw) >= 13 else (0, 0)
     return StoredCue(s, lang, cue_id, int(a), int(b), text, bool(final), int(seq), settings,
-                     bool(deleted))
+                     bool(deleted), bool(fixed), int(shift))
 
 
 def _list(value: Any) -> list[Any]:
@@ -233,7 +236,8 @@ class RedisCueStore:
             "epochs": [[s, str(e), src] for s, e, src in batch.epochs],
             "cues": [
                 [c.stream, c.lang, c.id, c.start_ms, c.end_ms, c.text, int(c.final), 0,
-                 c.settings, int(c.deleted), int(c.id in batch.generated_ids)]
+                 c.settings, int(c.deleted), int(c.id in batch.generated_ids), int(c.fixed),
+                 c.shift_ms]
                 for c in batch.cues
             ],
             "chunks": [[s, lang, n, body.decode()] for s, lang, n, body in batch.chunks],
@@ -261,7 +265,7 @@ class RedisCueStore:
             seq = first + i
             cue_id = f"{GENERATED_ID_PREFIX}{seq}" if c.id in batch.generated_ids else c.id
             stored.append(StoredCue(c.stream, c.lang, cue_id, c.start_ms, c.end_ms, c.text,
-                                    c.final, seq, c.settings, c.deleted))
+                                    c.final, seq, c.settings, c.deleted, c.fixed, c.shift_ms))
         if reply["id"]:
             await self._wait_passed(_entry_id(reply["id"]))
         return stored

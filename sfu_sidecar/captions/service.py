@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
@@ -213,7 +214,7 @@ class CaptionService:
         # The upstream checked the settings; parsing them again keeps what is stored here to what
         # this node would have stored from the same WebVTT.
         cue = CueInput(event.id, start_ms, end_ms, event.text, event.final,
-                       normalize_settings(event.settings))
+                       normalize_settings(event.settings), event.fixed, event.shift_ms)
         await self.ingest(event.stream, IngestBatch(event.lang, "stream_s", (cue,)))
 
     async def _save_epochs(self) -> None:
@@ -336,7 +337,7 @@ class CaptionService:
                 generated.add(cue_id)
             stored = StoredCue(
                 stream, batch.lang, cue_id, start_ms, end_ms, cue.text, cue.final, 0,
-                cue.settings,
+                cue.settings, fixed=cue.fixed, shift_ms=cue.shift_ms,
             )
             if current is not None and not current.deleted:
                 if current.final and not stored.final:
@@ -375,6 +376,23 @@ class CaptionService:
         await self._commit([tomb])
         self._cue_results.labels("retracted").inc()
         return True
+
+    async def align(self, stream: str, lang: str, cue_id: str, author_start_ms: int,
+                    shift_ms: int) -> StoredCue | None:
+        """Move a cue by ``shift_ms`` (its duration kept) onto the voice it captions, durably and
+        live like any revision, recording the shift; None when the cue changed since it was
+        measured (its start is no longer ``author_start_ms``), is fixed, retracted or gone."""
+        current = self._latest(stream, lang, cue_id)
+        if (current is None or current.deleted or current.fixed or current.shift_ms
+                or current.start_ms != author_start_ms or shift_ms == 0):
+            return None
+        start_ms = max(0, current.start_ms + shift_ms)
+        shift_ms = start_ms - current.start_ms
+        moved = dataclasses.replace(current, start_ms=start_ms, end_ms=current.end_ms + shift_ms,
+                                    shift_ms=shift_ms, seq=self._next_seq())
+        (stored,) = await self._commit([moved])
+        self._cue_results.labels("aligned").inc()
+        return stored
 
     async def _commit(
         self, changes: list[StoredCue], generated: set[str] | None = None
@@ -585,7 +603,4 @@ class CaptionService:
 
 
 def _with_seq(cue: StoredCue, seq: int) -> StoredCue:
-    return StoredCue(
-        cue.stream, cue.lang, cue.id, cue.start_ms, cue.end_ms, cue.text, cue.final, seq,
-        cue.settings, cue.deleted,
-    )
+    return dataclasses.replace(cue, seq=seq)

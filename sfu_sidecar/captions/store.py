@@ -32,7 +32,13 @@ from sfu_sidecar.exceptions import StorageUnavailable
 
 log = logs.get("captions.store")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# What each older schema needs to become the current one (version 2 added the alignment
+# columns; their defaults are what every older cue was: its author's, unmoved).
+_MIGRATIONS = {
+    1: ("ALTER TABLE cues ADD COLUMN fixed INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE cues ADD COLUMN shift_ms INTEGER NOT NULL DEFAULT 0"),
+}
 # Most batches the writer folds into one transaction: bounds the latency one commit adds.
 MAX_GROUP = 256
 
@@ -44,7 +50,8 @@ CREATE TABLE IF NOT EXISTS cues (
     stream TEXT NOT NULL, lang TEXT NOT NULL, id TEXT NOT NULL,
     start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL, text TEXT NOT NULL,
     final INTEGER NOT NULL, seq INTEGER NOT NULL, settings TEXT NOT NULL,
-    deleted INTEGER NOT NULL,
+    deleted INTEGER NOT NULL, fixed INTEGER NOT NULL DEFAULT 0,
+    shift_ms INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (stream, lang, id)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS chunks (
     stream TEXT NOT NULL, lang TEXT NOT NULL, n INTEGER NOT NULL, body BLOB NOT NULL,
@@ -160,6 +167,12 @@ class SqliteCueStore:
         row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
         if row is None:
             conn.execute("INSERT INTO meta VALUES ('schema', ?)", (SCHEMA_VERSION,))
+        elif row[0] in _MIGRATIONS:
+            conn.execute("BEGIN IMMEDIATE")
+            for statement in _MIGRATIONS[row[0]]:
+                conn.execute(statement)
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema'", (SCHEMA_VERSION,))
+            conn.execute("COMMIT")
         elif row[0] != SCHEMA_VERSION:
             raise RuntimeError(f"{self.path}: schema {row[0]}, expected {SCHEMA_VERSION}")
         epochs = {
@@ -172,10 +185,12 @@ class SqliteCueStore:
             "SELECT coalesce(max(value), 0) FROM meta WHERE key='seq'"
         ).fetchone()
         cues = [
-            StoredCue(s, lang, i, a, b, text, bool(final), seq, settings, bool(deleted))
-            for s, lang, i, a, b, text, final, seq, settings, deleted in conn.execute(
-                "SELECT stream, lang, id, start_ms, end_ms, text, final, seq, settings, deleted"
-                " FROM cues"
+            StoredCue(s, lang, i, a, b, text, bool(final), seq, settings, bool(deleted),
+                      bool(fixed), shift)
+            for s, lang, i, a, b, text, final, seq, settings, deleted, fixed, shift
+            in conn.execute(
+                "SELECT stream, lang, id, start_ms, end_ms, text, final, seq, settings, deleted,"
+                " fixed, shift_ms FROM cues"
             )
         ]
         self._read_conn = conn
@@ -291,10 +306,10 @@ def _apply(conn: sqlite3.Connection, batch: WriteBatch) -> None:
         conn.executemany("INSERT OR IGNORE INTO epochs VALUES (?, ?, ?)", batch.epochs)
     if batch.cues:
         conn.executemany(
-            "INSERT OR REPLACE INTO cues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT OR REPLACE INTO cues VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
                 (c.stream, c.lang, c.id, c.start_ms, c.end_ms, c.text, int(c.final), c.seq,
-                 c.settings, int(c.deleted))
+                 c.settings, int(c.deleted), int(c.fixed), c.shift_ms)
                 for c in batch.cues
             ],
         )

@@ -42,7 +42,7 @@ from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.speech.decode import OpusDecoder
 from sfu_sidecar.speech.detector import SpeechDetector
 from sfu_sidecar.speech.dub import DubLagMeter, DubReport
-from sfu_sidecar.speech.lag import CaptionLagMeter, LagReport
+from sfu_sidecar.speech.lag import CaptionLagMeter, CueLag, LagReport, Outcome
 from sfu_sidecar.speech.segments import SpeechSegment
 from sfu_sidecar.speech.vad import make_vad
 from sfu_sidecar.streamname import ROUTE_VARIABLE, RULE, is_stream_name
@@ -61,6 +61,9 @@ SEGMENTS_KEPT = 200
 # is no pause in the speech; longer (DTX, a publisher that stopped) ends the speech heard.
 GAP_MS = 60.0
 S = 1_000_000_000
+
+ALIGN_MODES = ("off", "report", "snap")
+MAX_ALIGN_MODES = 10_000  # per-stream overrides kept (each is a few bytes)
 
 # Why a stream has no speech figures (the ``state`` of its status).
 LISTENING = "listening"
@@ -102,6 +105,8 @@ class StreamSpeech:
     decoded_packets: int = 0
     refused_packets: int = 0
     segments_heard: int = 0
+    snapped: int = 0  # cues moved onto the voice (caption_align snap)
+    not_snapped: int = 0  # matched within reach but left: fixed, or changed since
     cues_before_epoch: int = 0
 
 
@@ -133,6 +138,7 @@ class SpeechService(RelayObserver):
         self.sync = sync
         self.captions = captions
         self.dubs: dict[str, DubFollow] = {}  # by dub stream
+        self.align_modes: dict[str, str] = {}  # per-stream caption_align, over the setting
         self.now_ns = now_ns
         self.vad_factory = vad_factory
         self.streams: dict[str, StreamSpeech] = {}
@@ -225,7 +231,7 @@ class SpeechService(RelayObserver):
         ss.state, ss.reason = ENDED, ""
         heard = max((s.offset_ns for s in ss.segments), default=None)
         if heard is not None:
-            ss.meter.settle(heard + ss.meter.match_window_ns, final=True)
+            self._settled(ss, ss.meter.settle(heard + ss.meter.match_window_ns, final=True))
 
     # --- periodic ---------------------------------------------------------------------------
 
@@ -270,11 +276,40 @@ class SpeechService(RelayObserver):
                 self._closed(ss, detector.push(pcm, capture_ns - track.decoder.delay_ns))
         if detector.heard_until_ns is not None:
             ss.state, ss.reason = LISTENING, ""
-            ss.meter.settle(detector.heard_until_ns, open_onset_ns=detector.open_onset_ns)
+            self._settled(ss, ss.meter.settle(detector.heard_until_ns,
+                                              open_onset_ns=detector.open_onset_ns))
         elif ss.refused_packets:
             ss.state = NO_AUDIO
             ss.reason = (f"the Opus decoder refused all {ss.refused_packets} audio payloads so "
                          "far")
+
+    def align_mode(self, stream: str) -> str:
+        return self.align_modes.get(stream, self.settings.caption_align)
+
+    def _settled(self, ss: StreamSpeech, lags: list[CueLag]) -> None:
+        """In snap mode, move each cue matched within reach onto its speech onset."""
+        if self.captions is None or self.align_mode(ss.name) != "snap":
+            return
+        epoch = self.captions.epoch(ss.name)
+        reach_ns = self.settings.caption_align_max_ms * 1_000_000
+        for lag in lags:
+            if (epoch is None or lag.outcome is not Outcome.MATCHED or lag.lag_ns is None
+                    or abs(lag.lag_ns) > reach_ns):
+                continue
+            shift_ms = -round(lag.lag_ns / 1_000_000)
+            if shift_ms:
+                author_start_ms = round((lag.cue_start_ns - epoch) / 1_000_000)
+                self._tasks.start(f"align-{ss.name}", self._snap(
+                    ss, lag.language, lag.cue_id, author_start_ms, shift_ms))
+
+    async def _snap(self, ss: StreamSpeech, lang: str, cue_id: str, author_start_ms: int,
+                    shift_ms: int) -> None:
+        assert self.captions is not None
+        moved = await self.captions.align(ss.name, lang, cue_id, author_start_ms, shift_ms)
+        if moved is None:
+            ss.not_snapped += 1
+        else:
+            ss.snapped += 1
 
     def _closed(self, ss: StreamSpeech, segments: list[SpeechSegment]) -> None:
         for segment in segments:
@@ -301,8 +336,10 @@ class SpeechService(RelayObserver):
     def on_caption_event(self, event: object) -> None:
         """A caption event: final cues are measured, retracted ones forgotten."""
         if isinstance(event, Cue):
-            if not event.final:
+            if not event.final or self.align_mode(event.stream) == "off":
                 return  # an interim hypothesis: its final form is what gets measured
+            if event.shift_ms:
+                return  # moved onto the voice here: the lag measured is its author's
             assert self.captions is not None
             epoch = self.captions.epoch(event.stream)
             ss = self.stream(event.stream)
@@ -364,6 +401,9 @@ class SpeechService(RelayObserver):
             },
             "caption_lag": {lang: report_dict(r) for lang, r in self.reports(name).items()},
             "dub": self.dub_status(name),
+            "caption_align": {"mode": self.align_mode(name), "snapped": ss.snapped,
+                              "not_snapped": ss.not_snapped,
+                              "max_ms": self.settings.caption_align_max_ms},
             "cues_before_epoch": ss.cues_before_epoch,
         }
 
@@ -386,6 +426,34 @@ class SpeechService(RelayObserver):
         app.router.add_get(path, self._dub_get)
         app.router.add_put(path, self._dub_put)
         app.router.add_delete(path, self._dub_delete)
+        path = f"/api/streams/{ROUTE_VARIABLE}/caption-align"
+        app.router.add_get(path, self._align_get)
+        app.router.add_put(path, self._align_put)
+
+    async def _align_get(self, request: web.Request) -> web.Response:
+        name = request.match_info["stream"]
+        return json_ok({"stream": name, "mode": self.align_mode(name),
+                        "max_ms": self.settings.caption_align_max_ms})
+
+    async def _align_put(self, request: web.Request) -> web.Response:
+        """This stream's caption_align mode, over the setting's (``{"mode": MODE}``)."""
+        require_publish(request, self.settings, "caption alignment")
+        name = request.match_info["stream"]
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise BadInput(f"body is not JSON: {exc}") from None
+        mode = doc.get("mode") if isinstance(doc, dict) else None
+        if mode not in ALIGN_MODES:
+            raise BadInput(f'body must be {{"mode": MODE}}, MODE one of {", ".join(ALIGN_MODES)}')
+        if len(self.align_modes) >= MAX_ALIGN_MODES and name not in self.align_modes:
+            raise BadInput(f"at most {MAX_ALIGN_MODES} streams may override caption_align")
+        self.align_modes[name] = mode
+        log.info("stream %s: caption_align %s", name, mode)
+        return json_ok({"stream": name, "mode": mode,
+                        "max_ms": self.settings.caption_align_max_ms})
 
     async def _dub_get(self, request: web.Request) -> web.Response:
         name = request.match_info["stream"]

@@ -442,3 +442,36 @@ def test_a_redis_that_could_lose_writes_is_refused_unless_accepted(tmp_path: Pat
     )
     assert wrong.returncode == 2, wrong.stderr
     assert "--redis-url" in wrong.stderr and "redis://" in wrong.stderr
+
+
+async def test_alignment_fields_round_trip_through_redis(tmp_path: Path) -> None:
+    """A moved cue's shift and a fixed cue's mark are stored in Redis and read back, from the
+    snapshot a new node opens with; cues written before the fields existed read as unmoved."""
+    from sfu_sidecar.captions.model import StoredCue
+    from sfu_sidecar.captions.redis_store import RedisCueStore
+    from sfu_sidecar.captions.store import WriteBatch
+
+    server = RedisServer(tmp_path / "redis")
+    try:
+        store = RedisCueStore(server.url)
+        await store.open()
+        written = await store.write(WriteBatch(cues=[
+            StoredCue("s", "en", "moved", 1310, 2810, "a", True, 0, shift_ms=310),
+            StoredCue("s", "en", "kept", 4000, 5000, "b", True, 0, fixed=True),
+        ]))
+        assert [(c.shift_ms, c.fixed) for c in written] == [(310, False), (0, True)]
+        # A cue as an earlier version stored it: ten fields, no alignment.
+        client = redis.Redis(port=server.port, decode_responses=True)
+        key = next(k for k in client.keys("*cues:s"))
+        client.hset(key, "en\x1fold", json.dumps(["s", "en", "old", 1, 2, "c", 1, 99, "", 0]))
+        client.close()
+        await store.close()
+        again = RedisCueStore(server.url)
+        by_id = {c.id: c for c in (await again.open()).cues}
+        await again.close()
+        assert (by_id["moved"].start_ms, by_id["moved"].shift_ms, by_id["moved"].fixed) == (
+            1310, 310, False)
+        assert (by_id["kept"].fixed, by_id["kept"].shift_ms) == (True, 0)
+        assert (by_id["old"].fixed, by_id["old"].shift_ms) == (False, 0)
+    finally:
+        server.kill()

@@ -505,3 +505,56 @@ async def test_concurrent_posts_all_durable(tmp_path: Path) -> None:
         assert sorted(c["id"] for c in doc["cues"]) == sorted(f"n{i}" for i in range(60))
     finally:
         await env2.client.close()
+
+
+async def test_align_moves_a_cue_onto_the_voice_durably_and_keeps_its_authors_times(
+    env: Env, tmp_path: Path,
+) -> None:
+    """Caption alignment moves a cue (duration kept), records the shift with the author's
+    times readable, pushes the moved cue live, and survives a restart; it leaves a cue marked
+    fixed, a cue changed since it was measured and a retracted one alone."""
+    sub = env.service.events.subscribe("al")
+    resp = await env.post("al", stream_doc(cue("a", 2.0, 3.5), cue("t", 4.0, 6.0, fixed=True),
+                                           cue("b", 7.0, 8.0), cue("gone", 9.0, 9.5)))
+    assert resp.status == 200, await resp.text()
+    await env.client.delete("/api/streams/al/captions/en/gone", headers=env.auth())
+    moved = await env.service.align("al", "en", "a", 2000, 310)
+    assert moved is not None and (moved.start_ms, moved.end_ms, moved.shift_ms) == (
+        2310, 3810, 310)
+    assert await env.service.align("al", "en", "a", 2000, 20) is None  # moved already
+    assert await env.service.align("al", "en", "t", 4000, 300) is None  # fixed
+    assert await env.service.align("al", "en", "b", 6900, 300) is None  # not what was measured
+    assert await env.service.align("al", "en", "gone", 9000, 300) is None  # retracted
+    got = [await asyncio.wait_for(sub.get(), 1) for _ in range(7)]
+    assert got[-1] == Cue("al", "en", "a", 2.31, 3.81, "x", True, shift_ms=310)
+    assert got[2] == Cue("al", "en", "t", 4.0, 6.0, "x", True, fixed=True)
+    feed = await (await env.client.get("/api/streams/al/captions")).json()
+    by_id = {c["id"]: c for c in feed["cues"]}
+    assert (by_id["a"]["start"], by_id["a"]["aligned_ms"], by_id["a"]["author_start"],
+            by_id["a"]["author_end"]) == (2.31, 310, 2.0, 3.5)
+    assert by_id["t"]["fixed"] is True and "aligned_ms" not in by_id["b"]
+    # The author's revision replaces the aligned one: times as posted, no shift.
+    await env.post("al", stream_doc(cue("a", 2.1, 3.6)))
+    feed = await (await env.client.get("/api/streams/al/captions")).json()
+    assert {c["id"]: c for c in feed["cues"]}["a"]["start"] == 2.1
+    assert "aligned_ms" not in {c["id"]: c for c in feed["cues"]}["a"]
+    again = await env.service.align("al", "en", "a", 2100, 200)
+    assert again is not None
+    sub.close()
+    await env.client.close()
+    await env.service.stop()
+    reopened = await start_env(env.settings.data_dir, env.clock)
+    try:
+        feed = await (await reopened.client.get("/api/streams/al/captions")).json()
+        by_id = {c["id"]: c for c in feed["cues"]}
+        assert (by_id["a"]["start"], by_id["a"]["aligned_ms"]) == (2.3, 200)
+        assert by_id["t"]["fixed"] is True
+    finally:
+        await reopened.client.close()
+        await reopened.service.stop()
+
+
+async def test_fixed_must_be_a_boolean(env: Env) -> None:
+    resp = await env.post("fx", stream_doc(cue("a", 1, 2, fixed="yes")))
+    assert resp.status == 422
+    assert "fixed" in (await resp.json())["error"]

@@ -74,3 +74,36 @@ def test_wal_and_full_sync(tmp_path: Path) -> None:
             await store.close()
 
     assert asyncio.run(check()) == ("wal", 2)  # 2 = FULL
+
+
+async def test_a_store_written_before_alignment_opens_with_its_cues_unmoved(
+        tmp_path: Path) -> None:
+    """A file of the first schema (no alignment columns) is migrated in place on open: its cues
+    load as their authors' (not fixed, no shift), and moved or fixed cues then round-trip."""
+    store = SqliteCueStore(tmp_path)
+    path = store.path
+    conn = sqlite3.connect(path)
+    conn.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+        CREATE TABLE epochs (stream TEXT PRIMARY KEY, epoch_ns INTEGER NOT NULL,
+                             source TEXT NOT NULL);
+        CREATE TABLE cues (
+            stream TEXT NOT NULL, lang TEXT NOT NULL, id TEXT NOT NULL,
+            start_ms INTEGER NOT NULL, end_ms INTEGER NOT NULL, text TEXT NOT NULL,
+            final INTEGER NOT NULL, seq INTEGER NOT NULL, settings TEXT NOT NULL,
+            deleted INTEGER NOT NULL,
+            PRIMARY KEY (stream, lang, id)) WITHOUT ROWID;
+        CREATE TABLE chunks (stream TEXT NOT NULL, lang TEXT NOT NULL, n INTEGER NOT NULL,
+                             body BLOB NOT NULL, PRIMARY KEY (stream, lang, n)) WITHOUT ROWID;
+        INSERT INTO meta VALUES ('schema', 1);
+        INSERT INTO cues VALUES ('s', 'en', 'old', 10, 20, 'before', 1, 1, '', 0);
+    """)
+    conn.close()
+    snap = await store.open()
+    assert snap.cues == [cue(1, id="old", text="before", start_ms=10, end_ms=20)]
+    await store.write(WriteBatch(cues=[cue(2, shift_ms=-310), cue(3, fixed=True)]))
+    await store.close()
+    again = SqliteCueStore(tmp_path)
+    by_id = {c.id: c for c in (await again.open()).cues}
+    assert (by_id["c2"].shift_ms, by_id["c3"].fixed, by_id["old"].fixed) == (-310, True, False)
+    await again.close()

@@ -26,6 +26,7 @@ import pytest
 from aiohttp.test_utils import TestServer
 
 from sfu_sidecar.app import SERVICES_KEY, build_app
+from sfu_sidecar.captions.events import Cue
 from sfu_sidecar.client.whip import publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.probe.service import ProbeService
@@ -35,6 +36,7 @@ from tests.relay.peers import LOOPBACK, view, wait_for
 from tests.relay.test_cascade import Node
 from tests.relay.test_tap import running
 from tests.support import speech
+from tests.sync.test_channel import collect
 
 pytestmark = [pytest.mark.needs("espeak-ng")]
 
@@ -433,6 +435,87 @@ async def test_a_cascade_edge_hears_the_origins_speech_and_measures_its_captions
               f"{report['median_ms']:+.1f} ms")
         assert report["matched"] == len(said.onsets), report
         assert abs(report["median_ms"] - offset_ms) <= MEDIAN_MS, report
+
+
+SNAP_EARLY_MS = -300
+SNAP_WITHIN_MS = 40.0
+
+
+async def test_snap_moves_early_captions_onto_the_voice_for_viewers_and_keeps_fixed_ones(
+    server: tuple[str, ProbeService],
+) -> None:
+    """With caption_align snap on the stream, captions posted 300 ms early are moved onto the
+    speech they caption: stored with the shift and the author's times, pushed to a viewer's
+    sync channel as they move; the cue marked fixed stays where its author put it, and the lag
+    reported stays the author's."""
+    base, probe = server
+    assert probe.speech is not None and probe.speech.captions is not None
+    captions = probe.speech.captions
+    said = speech.compose([(v, 160, speech.sentences_for(v)[i]) for i in range(2)
+                           for v in speech.VOICES[:2]], (0.9, 1.3, 0.7), lead_s=1.0, tail_s=4.0)
+    fixed_id = "s1"
+    async with aiohttp.ClientSession() as http:
+        async with http.put(f"{base}/api/streams/{STREAM}/caption-align",
+                            json={"mode": "snap"}) as r:
+            assert r.status == 200, await r.text()
+        async with http.put(f"{base}/api/streams/{STREAM}/caption-align",
+                            json={"mode": "move"}) as r:
+            assert r.status == 400 and "snap" in (await r.json())["error"]
+        timeline = Timeline(time.time_ns() + 1_500_000_000, time.monotonic() + 1.5)
+        start = timeline.start_house_ns
+        publisher = await publish(f"{base}/whip/{STREAM}", [PcmAudioTrack(timeline, said.pcm)],
+                                  capture_start_ns=start, ice_addresses=LOOPBACK)
+        viewer = await view(http, base, STREAM, kinds=("audio",), data_channel="sync")
+        records = collect(viewer)
+        shift = SNAP_EARLY_MS * 1_000_000
+        cues = [{"id": f"s{i}", "start": on + shift, "end": off + shift, "text": text,
+                 **({"fixed": True} if f"s{i}" == fixed_id else {})}
+                for i, (on, off, text) in enumerate(zip(said.onset_ns(start), said.offset_ns(start),
+                                                        said.texts, strict=True))]
+        try:
+            assert await publisher.joined() is not None
+            async with http.post(f"{base}/api/streams/{STREAM}/captions",
+                                 json={"timebase": "house_ns", "lang": "en", "cues": cues}) as r:
+                assert r.status in (200, 201), await r.text()
+            deadline = time.monotonic() + said.pcm.size / speech.RATE + 30
+            body: dict[str, Any] = {}
+            while True:
+                body = await _sync(http, base)
+                align = body["caption_align"]
+                if align["snapped"] + align["not_snapped"] >= len(cues):
+                    break
+                assert time.monotonic() < deadline, body
+                await asyncio.sleep(0.5)
+            async with http.get(f"{base}/api/streams/{STREAM}/captions") as r:
+                feed = {c["id"]: c for c in (await r.json())["cues"]}
+            await wait_for(lambda: sum(1 for c in records.controls if isinstance(c, Cue)
+                                       and c.shift_ms) == len(cues) - 1, 5,
+                           "the moved cues on the viewer's sync channel")
+        finally:
+            await viewer.close()
+            await publisher.close()
+    epoch = captions.epoch(STREAM)
+    assert epoch is not None
+    epoch_s = (start - epoch) / 1e9
+    errors = []
+    for i, onset in enumerate(said.onset_ns(start)):
+        got = feed[f"s{i}"]
+        true_start_s = (onset - start) / 1e9 + epoch_s
+        if got["id"] == fixed_id:
+            assert "aligned_ms" not in got and got["fixed"] is True, got
+            assert abs(got["start"] - (true_start_s + SNAP_EARLY_MS / 1000)) <= 0.001, got
+            continue
+        errors.append((got["start"] - true_start_s) * 1000)
+        assert abs(got["author_start"] - (true_start_s + SNAP_EARLY_MS / 1000)) <= 0.001, got
+        assert abs(got["aligned_ms"] + SNAP_EARLY_MS) <= SNAP_WITHIN_MS, got
+        assert abs((got["end"] - got["start"]) - (got["author_end"] - got["author_start"])) < 0.002
+    print(f"snapped cues start {[round(e, 1) for e in errors]} ms from their onsets; "
+          f"align {body['caption_align']}")
+    assert all(abs(e) <= SNAP_WITHIN_MS for e in errors), errors
+    assert (body["caption_align"]["snapped"], body["caption_align"]["not_snapped"]) == (
+        len(cues) - 1, 1)
+    # What the meter reports is the producer's lag, not the corrected one.
+    assert abs(body["caption_lag"]["en"]["median_ms"] - SNAP_EARLY_MS) <= MEDIAN_MS
 
 
 DUB_LATE_MS = 300
