@@ -180,6 +180,8 @@ async def test_silence_then_speech_cut_off_by_the_publisher_leaving(
                               capture_start_ns=timeline.start_house_ns, ice_addresses=LOOPBACK)
     start = timeline.start_house_ns
     async with aiohttp.ClientSession() as http:
+        # A viewer keeps the stream (and its figures) after the publisher leaves.
+        viewer = await view(http, base, STREAM, kinds=("audio",))
         try:
             assert await publisher.joined() is not None
             cues = [{"id": "quiet", "start": start + 300_000_000, "end": start + 1_200_000_000,
@@ -191,10 +193,13 @@ async def test_silence_then_speech_cut_off_by_the_publisher_leaving(
             await asyncio.sleep(max(0.0, timeline.start_monotonic + cut_s - time.monotonic()))
         finally:
             await publisher.close()
-        await wait_for(lambda: probe.speech is not None
-                       and probe.speech.streams[STREAM].state == "publisher ended", 10,
-                       "the speech state to say the publisher ended")
-        body = await _sync(http, base)
+        try:
+            await wait_for(lambda: probe.speech is not None and STREAM in probe.speech.streams
+                           and probe.speech.streams[STREAM].state == "publisher ended", 10,
+                           "the speech state to say the publisher ended")
+            body = await _sync(http, base)
+        finally:
+            await viewer.close()
     heard = body["speech"]
     print(f"segments {heard['segments']} (truth onset {start + onset}, cut at about "
           f"{start + round(cut_s * 1e9)})")
