@@ -182,8 +182,10 @@ class SpeechService(RelayObserver):
             track.unmapped += 1
             return None
         seq = packet.sequence_number
-        if track.last_seq is not None and (seq - track.last_seq) & 0xFFFF >= 0x8000:
-            track.late += 1  # reordered behind what is queued: its audio's place is taken
+        if track.last_seq is not None and (
+                seq == track.last_seq or (seq - track.last_seq) & 0xFFFF >= 0x8000):
+            # A repeat, or reordered behind what is queued: its audio's place is taken.
+            track.late += 1
             return None
         track.last_seq = seq
         ss.estimated = capture.estimated
