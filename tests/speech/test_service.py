@@ -339,8 +339,11 @@ async def test_ffmpeg_speech_into_an_rtp_tap_is_heard_and_its_captions_measured(
         body: dict[str, Any] = {}
         try:
             with running(cmd, log):
-                await wait_for(lambda: reports.sender_report() is not None, 10,
-                               "ffmpeg's first sender report")
+                # Its first report goes out with its first packet, on another socket: either
+                # may come first.
+                await wait_for(lambda: reports.sender_report() is not None
+                               and forward.first is not None, 10,
+                               "ffmpeg's first sender report and packet")
                 assert forward.first is not None
                 sr = reports.sender_report()
                 assert sr is not None
