@@ -92,6 +92,7 @@ async def _sync(http: aiohttp.ClientSession, base: str) -> dict[str, Any]:
 
 # Clean speech, and speech with pink noise 10 dB below it (quiet first sounds drown: onsets
 # come later, so the p95 the product holds there is wider).
+@pytest.mark.needs("promtool")
 @pytest.mark.parametrize(("noise", "median_ms", "p95_ms"),
                          [(None, MEDIAN_MS, P95_MS), ("pink", NOISY_MEDIAN_MS, NOISY_P95_MS)],
                          ids=["clean", "pink-10dB"])
@@ -155,6 +156,10 @@ async def test_each_languages_caption_lag_is_measured_against_the_voice(
         assert abs(report["median_ms"] - offset_ms) <= median_ms, report
         assert p95 <= p95_ms, (lang, per_cue)
         assert f'caption_lag_median_seconds{{language="{lang}",stream="{STREAM}"}}' in metrics
+    # Every family the caption lag adds passes Prometheus's own check.
+    proc = await asyncio.to_thread(subprocess.run, ["promtool", "check", "metrics"],
+                                   input=metrics, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc
 
     # Each alert names the stream's worst language: 500 ms early is past both levels.
     raised = {a["alert"]: a for a in alerts}
