@@ -29,6 +29,7 @@ from typing import Any
 import aiohttp
 from aiohttp.test_utils import TestServer
 from aiortc import RTCSessionDescription
+from playwright.async_api import TimeoutError as PlaywrightTimeout
 
 from sfu_sidecar.app import SERVICES_KEY, build_app
 from sfu_sidecar.config import load_settings
@@ -78,11 +79,25 @@ async def watch_in_chromium(base: str, seconds: float, result: dict[str, Any]) -
     frames still to be captured, every presented frame recorded."""
     async with chromium.async_browser() as browser, aiohttp.ClientSession() as http:
         page = await browser.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda err: errors.append(f"pageerror: {err}"))
+        page.on("console", lambda msg: errors.append(f"console {msg.type}: {msg.text}")
+                if msg.type == "error" else None)
+        page.on("requestfailed", lambda req: errors.append(
+            f"request failed: {req.url} {req.failure}"))
         await page.goto(f"{base}/?stream=janus")
-        # The page's modules load before it names itself; on a loaded machine (a core busy,
-        # the suite's other lane) that took over 10 s once.
-        await page.wait_for_function("() => window.sfuViewer !== undefined",
-                                     timeout=30000)
+        # The page's modules load before it names itself. Twice in fifteen suite runs it did
+        # not within 30 s (the cause not yet known): the page's errors are kept, and it is
+        # loaded once more, which the test reports.
+        result["page_loads"] = 1
+        try:
+            await page.wait_for_function("() => window.sfuViewer !== undefined", timeout=20000)
+        except PlaywrightTimeout:
+            result["page_errors_first_load"] = errors[-20:]
+            result["page_loads"] = 2
+            await page.reload()
+            await page.wait_for_function("() => window.sfuViewer !== undefined",
+                                         timeout=20000)
         await page.evaluate(RECORD_JS)
         # Cues for frames captured from 2 s on, every 3 s while the page watches.
         first = time.time_ns() + 2 * 1_000_000_000

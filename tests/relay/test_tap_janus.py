@@ -57,6 +57,8 @@ def test_janus_forward_watched_in_chromium_shows_captions_on_their_frames() -> N
     arrive without loss."""
     seconds = 30
     result = probe("chromium", seconds)
+    # A page that did not start on its first load is loaded once more; say so, and why.
+    print(f"page loads: {result['page_loads']}", result.get("page_errors_first_load", ""))
     frames = result["frames"]
     truth = {int(n): ns for n, ns in result["capture_log"].items()}
     assert len(frames) >= 20 * seconds, result["page_stats"]  # 30 fps, most presented
