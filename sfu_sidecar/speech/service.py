@@ -432,6 +432,16 @@ class SpeechService(RelayObserver):
         app.router.add_get(path, self._align_get)
         app.router.add_put(path, self._align_put)
 
+    async def _json_field(self, request: web.Request, key: str) -> object:
+        """``key`` of a JSON object body (None when absent or not an object)."""
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        try:
+            doc = json.loads(body)
+        except (ValueError, RecursionError) as exc:
+            raise BadInput(f"body is not JSON: {exc}") from None
+        return doc.get(key) if isinstance(doc, dict) else None
+
     async def _align_get(self, request: web.Request) -> web.Response:
         name = request.match_info["stream"]
         return json_ok({"stream": name, "mode": self.align_mode(name),
@@ -441,13 +451,7 @@ class SpeechService(RelayObserver):
         """This stream's caption_align mode, over the setting's (``{"mode": MODE}``)."""
         require_publish(request, self.settings, "caption alignment")
         name = request.match_info["stream"]
-        require_content_type(request, "application/json")
-        body = await read_body(request, self.settings.max_body_bytes)
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise BadInput(f"body is not JSON: {exc}") from None
-        mode = doc.get("mode") if isinstance(doc, dict) else None
+        mode = await self._json_field(request, "mode")
         if mode not in ALIGN_MODES:
             raise BadInput(f'body must be {{"mode": MODE}}, MODE one of {", ".join(ALIGN_MODES)}')
         if len(self.align_modes) >= MAX_ALIGN_MODES and name not in self.align_modes:
@@ -468,13 +472,7 @@ class SpeechService(RelayObserver):
         """Declare the stream a dub of ``source``: its speech is matched to the source's."""
         require_publish(request, self.settings, "dub declarations")
         name = request.match_info["stream"]
-        require_content_type(request, "application/json")
-        body = await read_body(request, self.settings.max_body_bytes)
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise BadInput(f"body is not JSON: {exc}") from None
-        source = doc.get("source") if isinstance(doc, dict) else None
+        source = await self._json_field(request, "source")
         if not is_stream_name(source):
             raise BadInput(f'body must be {{"source": STREAM}}, a stream name of {RULE}')
         if source == name:
