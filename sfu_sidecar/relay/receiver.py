@@ -26,6 +26,9 @@ from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 
 LATENCY_SAMPLES = 8192
 BITRATE_WINDOW_NS = 1_000_000_000
+# SSRCs whose early sender reports are kept (see PublisherReceiver._early_reports): a tap's
+# port takes datagrams from anyone, so the store is bounded.
+EARLY_REPORT_SSRCS = 4
 
 
 class BitrateEstimator(Protocol):
@@ -95,6 +98,12 @@ class PublisherReceiver:
         self.bitrate = bitrate
         self._routes: dict[int, tuple[PublisherTrack, bool]] = {}  # payload type -> (track, rtx)
         self._outbox: list[bytes] = []
+        # Sender reports from SSRCs no track has yet: a sender may report before its first
+        # packet (ffmpeg sends its first report with it, on another socket). Dropping that
+        # report costs the capture-time mapping a whole report interval (5 s for ffmpeg) of
+        # guessing from arrivals. The newest per SSRC, for a few SSRCs.
+        self._early_reports: dict[int, SenderReport] = {}
+        self._due_reports: list[tuple[PublisherTrack, SenderReport]] = []
 
     def add_track(self, track: PublisherTrack) -> None:
         self.tracks.append(track)
@@ -142,9 +151,13 @@ class PublisherReceiver:
             if track.nack is not None:
                 track.nack.add(osn, arrival_ns)
         else:
-            if track.media_ssrc != pkt.ssrc and not track.stats.started:
+            if not track.stats.started:
                 # The first media packet decides (offers need not signal SSRCs, RFC 8843).
                 track.media_ssrc = pkt.ssrc
+                early = self._early_reports.pop(pkt.ssrc, None)
+                if early is not None:
+                    self._sender_report_in(track, pkt.ssrc, early)
+                    self._due_reports.append((track, early))
             track.stats.add(pkt.sequence_number, pkt.timestamp, arrival_ns)
             if track.nack is not None:
                 lost = track.nack.add(pkt.sequence_number, arrival_ns)
@@ -191,13 +204,31 @@ class PublisherReceiver:
         reports = []
         for msg in messages:
             if isinstance(msg, rtcp.SenderReportPacket):
-                for track in self.tracks:
-                    if track.media_ssrc == msg.ssrc:
-                        track.last_sr = msg.info
-                        track.last_sr_arrival_ns = arrival_ns
-                        track.forwarder.note_sender_report(msg.ssrc, msg.info)
-                        reports.append((track, msg.info))
+                named = [track for track in self.tracks if track.media_ssrc == msg.ssrc
+                         and track.stats.started]
+                for track in named:
+                    self._sender_report_in(track, msg.ssrc, msg.info)
+                    reports.append((track, msg.info))
+                if not named and any(not t.stats.started for t in self.tracks):
+                    self._early_reports.pop(msg.ssrc, None)
+                    self._early_reports[msg.ssrc] = msg.info
+                    while len(self._early_reports) > EARLY_REPORT_SSRCS:
+                        del self._early_reports[next(iter(self._early_reports))]
         return reports
+
+    def reports_due(self) -> list[tuple[PublisherTrack, SenderReport]]:
+        """Sender reports that came before their track's first packet, now that the packet
+        named the track: for observers, after that packet's own observations."""
+        if not self._due_reports:
+            return []
+        due, self._due_reports = self._due_reports, []
+        return due
+
+    @staticmethod
+    def _sender_report_in(track: PublisherTrack, ssrc: int, report: SenderReport) -> None:
+        track.last_sr = report
+        track.last_sr_arrival_ns = report.arrival_ns or 0
+        track.forwarder.note_sender_report(ssrc, report)
 
     def request_keyframe(self, kind: str) -> None:
         """Ask for a keyframe of the ``kind`` track (RTCP PLI)."""

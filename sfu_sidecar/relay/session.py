@@ -39,6 +39,7 @@ from sfu_sidecar.relay.hooks import (
     ABS_CAPTURE_TIME,
     PacketInfo,
     RelayObserver,
+    SenderReport,
 )
 from sfu_sidecar.relay.receiver import PublisherReceiver, PublisherTrack, SessionCounters
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
@@ -368,6 +369,8 @@ class PublisherSource(_SessionBase):
         self.counters.latency_ns.append(time.perf_counter_ns() - started)
         if observations is not None:
             observations.deliver()  # after every copy left: observers add no latency
+        for track, report in self.receiver.reports_due():
+            self._sender_report_out(track.kind, report)
         return True
 
     def _publisher_packet(self, info: PacketInfo) -> Mapping[str, bytes] | None:
@@ -384,11 +387,14 @@ class PublisherSource(_SessionBase):
 
     def _on_rtcp(self, data: bytes) -> None:
         for track, report in self.receiver.receive_rtcp(data, self.now_ns()):
-            for observer in self.observers:
-                try:
-                    observer.publisher_sender_report(self.stream.name, track.kind, report)
-                except Exception:
-                    log.exception("observer failed on a sender report")
+            self._sender_report_out(track.kind, report)
+
+    def _sender_report_out(self, kind: str, report: SenderReport) -> None:
+        for observer in self.observers:
+            try:
+                observer.publisher_sender_report(self.stream.name, kind, report)
+            except Exception:
+                log.exception("observer failed on a sender report")
 
     def _flush_rtcp(self) -> None:
         for data in self.receiver.data_to_send():

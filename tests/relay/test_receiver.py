@@ -87,6 +87,34 @@ def test_sender_reports_are_returned_for_observers_and_echoed_in_receiver_report
     assert block.dlsr == 500 * 65536 // 1000  # 0.5 s in 1/65536 s
 
 
+def test_a_report_before_the_first_packet_is_handed_on_after_that_packet() -> None:
+    """ffmpeg sends its first sender report with its first packet, on another socket: the
+    report may win, and it is the one that lets the capture-time mapping trust the second."""
+    rx, track, _ = receiver()
+    info = SenderReport(0x0102030405060708, 30000, 0, 0)
+    assert rx.receive_rtcp(rtcp.build_sr(MEDIA, info), 900 * MS) == []
+    assert rx.receive_rtcp(rtcp.build_sr(0x7777, info), 901 * MS) == []  # not this track's
+    assert rx.reports_due() == []
+    rx.receive_rtp(rtp(10, KEY), 1000 * MS, 1000)
+    assert rx.reports_due() == [(track, SenderReport(0x0102030405060708, 30000, 0, 0, 900 * MS))]
+    assert rx.reports_due() == []  # handed out once
+    assert track.last_sr is not None and track.last_sr_arrival_ns == 900 * MS
+    rx.receive_rtp(rtp(11), 1020 * MS, 1020)
+    assert rx.reports_due() == []  # the other SSRC's report names no track
+
+
+def test_early_reports_are_kept_for_a_few_ssrcs_only() -> None:
+    rx, track, _ = receiver()
+    for ssrc in range(100, 120):  # a tap's port takes datagrams from anyone
+        rx.receive_rtcp(rtcp.build_sr(ssrc, SenderReport(ssrc, 0, 0, 0)), ssrc * MS)
+    rx.receive_rtcp(rtcp.build_sr(MEDIA, SenderReport(1, 2, 0, 0)), 500 * MS)
+    rx.receive_rtp(rtp(10, KEY), 1000 * MS, 1000)
+    assert rx.reports_due() == [(track, SenderReport(1, 2, 0, 0, 500 * MS))]
+    assert len(rx._early_reports) <= 4
+    rx.receive_rtcp(rtcp.build_sr(0x4444, SenderReport(1, 2, 0, 0)), 1100 * MS)
+    assert 0x4444 not in rx._early_reports  # every track has its packets: nothing to wait for
+
+
 def test_keyframes_are_asked_for_on_request_and_for_a_waiting_viewer_on_tick() -> None:
     rx, _, _ = receiver()
     rx.request_keyframe("video")

@@ -263,7 +263,9 @@ async def test_payloads_the_decoder_refuses_are_counted_and_say_why(
 
 
 NTP_TO_UNIX_S = 2_208_988_800
-FFMPEG_MS = 40.0
+# What the meter promises against a sender nobody here wrote: each language's median within
+# 20 ms of the truth, every cue within 40 ms.
+MEDIAN_MS, CUE_MS = 20.0, 40.0
 
 
 class _Forwarder(asyncio.DatagramProtocol):
@@ -379,19 +381,19 @@ async def test_ffmpeg_speech_into_an_rtp_tap_is_heard_and_its_captions_measured(
           f"estimated {heard['estimated']}")
     assert (missed, false) == (0, 0), heard
     assert not heard["estimated"], heard  # mapped by ffmpeg's sender reports
-    # ffmpeg's reports put each packet's capture after the packet left (they count from its
-    # first packet, whose pts is the pre-skip before sample 0), and the relay keeps capture
-    # before arrival: its capture times run up to ~30 ms early until ffmpeg's third report.
-    # The languages' lags then differ exactly as injected; each is within FFMPEG_MS of it.
+    # The relay keeps ffmpeg's first report, which may come before its first packet, so the
+    # second (5 s) maps every sentence. The rest of the error is libopus's lookahead: ffmpeg's
+    # RTP time already allows for it (its first packet's pts is the pre-skip before sample 0),
+    # where a WebRTC sender's does not, so the relay's allowance puts onsets 6.5 ms early.
     medians = {lang: body["caption_lag"][lang]["median_ms"] for lang in offsets}
     for lang, offset_ms in offsets.items():
         report = body["caption_lag"][lang]
         print(f"ffmpeg {lang}: injected {offset_ms:+d} ms, measured median "
               f"{report['median_ms']:+.1f} ms, per cue {[round(x) for _, x in report['lags']]}")
         assert report["matched"] == len(said.onsets), report
-        assert abs(report["median_ms"] - offset_ms) <= FFMPEG_MS, report
+        assert abs(report["median_ms"] - offset_ms) <= MEDIAN_MS, report
         assert abs((medians[lang] - medians["de"]) - (offset_ms - offsets["de"])) <= 2.0
-        assert all(abs(lag - offset_ms) <= FFMPEG_MS for _, lag in report["lags"]), report
+        assert all(abs(lag - offset_ms) <= CUE_MS for _, lag in report["lags"]), report
 
 
 async def test_a_cascade_edge_hears_the_origins_speech_and_measures_its_captions(
