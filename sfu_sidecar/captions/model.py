@@ -13,12 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfu_sidecar.captions import webvtt
+from sfu_sidecar.captions import words as cue_words
 from sfu_sidecar.captions.events import Cue, CueRetract
 from sfu_sidecar.exceptions import BadInput, PayloadTooLarge, Unprocessable
 from sfu_sidecar.streamname import RULE, is_stream_name
 
 MAX_CUES_PER_REQUEST = 500
 MAX_TEXT_CHARS = 2000
+# A cue of MAX_TEXT_CHARS holds about 400 words; each adds a 14-character timestamp tag.
+MAX_WORDS_PER_CUE = 500
 # A caption longer than an hour is a producer bug, and it would be repeated in 1800 chunks.
 MAX_CUE_MS = 3_600_000
 # Ten years of stream time: anything later is a unit mistake (ns or ms sent as seconds).
@@ -100,6 +103,11 @@ class StoredCue:
             out["author_end"] = webvtt.seconds_from_ms(self.end_ms - self.shift_ms)
         if self.deleted:
             out["retracted"] = True
+        else:
+            timed = cue_words.words_of(self.text, self.start_ms)
+            if timed:
+                out["words"] = [{"start": webvtt.seconds_from_ms(ms), "text": w}
+                                for ms, w in timed]
         return out
 
 
@@ -118,6 +126,8 @@ class CueInput:
     settings: str = ""
     fixed: bool = False
     shift_ms: int = 0  # only from an upstream relay's cue, never from a producer
+    # When each word is said: (start, word), start in the batch's timebase like the cue's.
+    words: tuple[tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,7 +219,8 @@ def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBa
         where = f"cues[{i}]"
         if not isinstance(raw, Mapping):
             raise Unprocessable(f"{where} must be an object")
-        unknown = set(raw) - {"id", "start", "end", "text", "final", "settings", "fixed"}
+        unknown = set(raw) - {"id", "start", "end", "text", "final", "settings", "fixed",
+                              "words"}
         if unknown:
             raise Unprocessable(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         cue_id = None if raw.get("id") is None else check_cue_id(raw["id"], f"{where}.id")
@@ -228,10 +239,80 @@ def parse_json_batch(doc: Any, max_cues: int = MAX_CUES_PER_REQUEST) -> IngestBa
         fixed = raw.get("fixed", False)
         if not isinstance(fixed, bool):
             raise Unprocessable(f"{where}.fixed must be true or false")
-        cues.append(CueInput(cue_id, start, end, check_text(raw.get("text"), where), final,
-                             settings, fixed))
+        words = _words(raw.get("words"), timebase, start, end, where)
+        text = raw.get("text")
+        if text is None and words:
+            text = " ".join(w for _, w in words)  # the words alone make the text
+        if words and isinstance(text, str) and cue_words.tags(text):
+            raise Unprocessable(f"{where}: the text has timestamp tags already; send words "
+                                "or tags, not both")
+        cues.append(CueInput(cue_id, start, end, check_text(text, where), final,
+                             settings, fixed, words=words))
         _check_interval(cues[-1], timebase, where)
     return IngestBatch(lang, timebase, tuple(cues))
+
+
+def _words(raw: Any, timebase: str, start: int, end: int,
+           where: str) -> tuple[tuple[int, str], ...]:
+    """A cue's ``words``: ``[{"start", "text"[, "end"]}, ...]`` in the batch's timebase, each
+    inside the cue, in order, none overlapping the next. ``end`` is checked but not kept:
+    WebVTT times when each word starts, and a word lasts until the next."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not raw:
+        raise Unprocessable(f"{where}.words must be a non-empty list of {{start, text}}")
+    if len(raw) > MAX_WORDS_PER_CUE:
+        raise PayloadTooLarge(f"{where}: {len(raw)} words in one cue; at most "
+                              f"{MAX_WORDS_PER_CUE}")
+    out: list[tuple[int, str]] = []
+    last_end: int | None = None
+    for i, item in enumerate(raw):
+        at = f"{where}.words[{i}]"
+        if not isinstance(item, Mapping) or set(item) - {"start", "end", "text"}:
+            raise Unprocessable(f"{at} must be an object of start, text and an optional end")
+        text = item.get("text")
+        if not isinstance(text, str) or not text.strip() or len(text) > MAX_TEXT_CHARS:
+            raise Unprocessable(f"{at}.text must be a non-empty string")
+        if "start" not in item:
+            raise Unprocessable(f"{at} needs start")
+        w_start = _time(item["start"], timebase, f"{at}.start")
+        if not start <= w_start < end:
+            raise Unprocessable(f"{at} starts outside its cue (at {item['start']}, the cue is "
+                                f"[{_show(start, timebase)}, {_show(end, timebase)}))")
+        if out and w_start <= out[-1][0]:
+            raise Unprocessable(f"{at} starts at or before the word before it: words are in "
+                                "the order they are said, each after the last")
+        if last_end is not None and w_start < last_end:
+            raise Unprocessable(f"{at} starts before the word before it ends (overlapping)")
+        last_end = None
+        if item.get("end") is not None:
+            w_end = _time(item["end"], timebase, f"{at}.end")
+            if not w_start < w_end <= end:
+                raise Unprocessable(f"{at}.end must be after its start and not after the "
+                                    "cue's end")
+            last_end = w_end
+        out.append((w_start, normalize_text(text).strip()))
+    return tuple(out)
+
+
+def _show(t: int, timebase: str) -> str:
+    return str(t) if timebase == "house_ns" else f"{t / 1000:g} s"
+
+
+def parse_interrupt(doc: Any) -> tuple[int, str]:
+    """A barge-in body, ``{"at": T, "timebase": "house_ns" (default) | "stream_s"}``: the
+    time the speaker was cut off, as (house ns or stream ms, timebase)."""
+    if not isinstance(doc, Mapping):
+        raise Unprocessable("body must be a JSON object with at (and timebase)")
+    unknown = set(doc) - {"at", "timebase", "lang", "op", "ref"}  # the last three: WebSocket
+    if unknown:
+        raise Unprocessable(f"unknown field(s) {', '.join(sorted(map(str, unknown)))}")
+    timebase = doc.get("timebase", "house_ns")
+    if timebase not in TIMEBASES:
+        raise Unprocessable(f"timebase must be one of {', '.join(TIMEBASES)}, got {timebase!r}")
+    if "at" not in doc:
+        raise Unprocessable("at is required: when the speaker was cut off")
+    return _time(doc["at"], timebase, "at"), timebase
 
 
 def _check_interval(cue: CueInput, timebase: str, where: str) -> None:

@@ -4,6 +4,7 @@ Routes::
 
     POST   /api/streams/{stream}/captions             ingest (JSON or text/vtt), Bearer token
     DELETE /api/streams/{stream}/captions/{lang}/{id} retract a cue, Bearer token
+    POST   /api/streams/{stream}/captions/{lang}/interrupt  barge-in at a time, Bearer token
     GET    /api/streams/{stream}/captions?since=SEQ   JSON change feed (lang=, limit=)
     GET    /api/streams/{stream}/captions/ws          WebSocket push ingest (msgpack or JSON)
     GET    /captions/{stream}/{lang}/chunk-{n}.vtt    chunk n of stream time [n*D, (n+1)*D)
@@ -29,6 +30,7 @@ from sfu_sidecar.captions.model import (
     IngestBatch,
     check_lang,
     check_stream,
+    parse_interrupt,
     parse_json_batch,
     parse_vtt_batch,
 )
@@ -64,6 +66,7 @@ def add_routes(app: web.Application, service: CaptionService) -> None:
     r.add_get("/api/streams/{stream}/captions", api.feed)
     r.add_get("/api/streams/{stream}/captions/ws", api.websocket)
     r.add_delete("/api/streams/{stream}/captions/{lang}/{cue_id}", api.delete)
+    r.add_post("/api/streams/{stream}/captions/{lang}/interrupt", api.interrupt)
     r.add_get(r"/captions/{stream}/{lang}/chunk-{n:[0-9]{1,12}}.vtt", api.chunk)
     r.add_get("/captions/{stream}/{lang}/live.m3u8", api.playlist)
     live = LiveCaptions(service, service.settings.max_sessions_per_client)
@@ -181,6 +184,16 @@ class Api:
         lang, cue_id = request.match_info["lang"], request.match_info["cue_id"]
         retracted = await self.service.retract(stream, lang, cue_id)
         return json_ok({"stream": stream, "lang": lang, "id": cue_id, "retracted": retracted})
+
+    async def interrupt(self, request: web.Request) -> web.Response:
+        require_publish(request, self.settings, "caption barge-in")
+        stream = check_stream(request.match_info["stream"])
+        lang = check_lang(request.match_info["lang"])
+        require_content_type(request, "application/json")
+        body = await read_body(request, self.settings.max_body_bytes)
+        at, timebase = parse_interrupt(_decode_json(body))
+        done = await self.service.interrupt(stream, lang, at, timebase)
+        return json_ok(done.to_json())
 
     async def feed(self, request: web.Request) -> web.Response:
         stream = check_stream(request.match_info["stream"])
@@ -307,4 +320,8 @@ class Api:
                 raise Unprocessable("retract needs lang and id")
             retracted = await self.service.retract(stream, lang, cue_id)
             return {"stream": stream, "lang": lang, "id": cue_id, "retracted": retracted}
-        raise Unprocessable(f"unknown op {op!r}; use 'cues' or 'retract'")
+        if op == "interrupt":
+            lang = check_lang(doc.get("lang"))
+            at, timebase = parse_interrupt(doc)
+            return (await self.service.interrupt(stream, lang, at, timebase)).to_json()
+        raise Unprocessable(f"unknown op {op!r}; use 'cues', 'retract' or 'interrupt'")

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sfu_sidecar import logs
-from sfu_sidecar.captions import chunks
+from sfu_sidecar.captions import chunks, webvtt
+from sfu_sidecar.captions import words as cue_words
 from sfu_sidecar.captions.events import (
     CaptionEvents,
     Cue,
@@ -63,17 +64,37 @@ FROZEN_CACHE_CHUNKS = 8192  # ~4.5 h of 2 s chunks for one language, a few MB
 LIVE_CACHE_CHUNKS = 1024
 MAX_WINDOW_MS = 6 * 3600 * 1000
 MAX_FEED_ITEMS = 1000
+# How far ahead of now a barge-in may be dated: a producer's clock may be a little ahead.
+INTERRUPT_AHEAD_MS = 5000
 
 
 @dataclass(frozen=True, slots=True)
 class IngestResult:
     cue: StoredCue
-    result: str  # "new", "updated", "unchanged", "stale" (interim after final: ignored)
+    # "new", "updated", "unchanged", "stale" (interim after final: ignored), "interrupted"
+    # (a revision of a cue a barge-in retracted or cut: ignored)
+    result: str
 
     def to_json(self) -> dict[str, object]:
         out = self.cue.to_json()
         out["result"] = self.result
         return out
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """What a barge-in did: the cues it retracted and the cues it cut short."""
+
+    stream: str
+    lang: str
+    at_ms: int | None  # None: the stream had no caption yet
+    retracted: tuple[str, ...]
+    cut: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"stream": self.stream, "lang": self.lang,
+                "at": None if self.at_ms is None else webvtt.seconds_from_ms(self.at_ms),
+                "retracted": list(self.retracted), "cut": list(self.cut)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +139,9 @@ class CaptionService:
         self._epochs_unsaved: dict[str, tuple[int, str]] = {}
         self._records: dict[str, dict[tuple[str, str], StoredCue]] = {}  # committed, tombstones too
         self._pending: dict[tuple[str, str, str], StoredCue] = {}  # written, not yet committed
+        # Ids of cues a barge-in retracted or cut, per (stream, lang): their revisions are not
+        # stored (see interrupt). In memory: a restart forgets them.
+        self._interrupted: dict[tuple[str, str], set[str]] = {}
         self._tracks: dict[tuple[str, str], chunks.Track] = {}
         self._seq = 0
         self._live_cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
@@ -330,13 +354,19 @@ class CaptionService:
                     raise Unprocessable(f"cues[{i}] is shorter than a millisecond")
             else:
                 start_ms, end_ms = cue.start, cue.end
+            text = cue.text
+            if cue.words:
+                text = self._tag_words(cue, batch.timebase, epoch, (start_ms, end_ms), i)
             cue_id = cue.id
             current = self._latest(stream, batch.lang, cue_id) if cue_id is not None else None
+            if current is not None and cue_id in self._interrupted.get((stream, batch.lang), ()):
+                results.append(IngestResult(current, "interrupted"))
+                continue
             if cue_id is None:
                 cue_id = f"{GENERATED_ID_PREFIX}{self._seq + 1}"
                 generated.add(cue_id)
             stored = StoredCue(
-                stream, batch.lang, cue_id, start_ms, end_ms, cue.text, cue.final, 0,
+                stream, batch.lang, cue_id, start_ms, end_ms, text, cue.final, 0,
                 cue.settings, fixed=cue.fixed, shift_ms=cue.shift_ms,
             )
             if current is not None and not current.deleted:
@@ -359,6 +389,19 @@ class CaptionService:
             self._cue_results.labels(r.result).inc()
         return results
 
+    @staticmethod
+    def _tag_words(cue: CueInput, timebase: str, epoch: int, interval: tuple[int, int],
+                   i: int) -> str:
+        """The cue's text with its words' timestamp tags, in stream time like its own."""
+        if timebase == "house_ns":
+            timed = [((t - epoch + 500_000) // 1_000_000, w) for t, w in cue.words]
+        else:
+            timed = list(cue.words)
+        try:
+            return cue_words.tag(cue.text, timed, *interval)
+        except cue_words.WordTimingError as exc:
+            raise Unprocessable(f"cues[{i}].{exc}") from None
+
     async def retract(self, stream: str, lang: str, cue_id: str) -> bool:
         """Retract a cue; True if it was live, False if already retracted."""
         check_stream(stream)
@@ -377,6 +420,54 @@ class CaptionService:
         self._cue_results.labels("retracted").inc()
         return True
 
+    async def interrupt(self, stream: str, lang: str, at: int, timebase: str) -> Interruption:
+        """The speaker of ``stream`` in ``lang`` was cut off at ``at`` (house ns or stream ms,
+        as ``timebase`` says; at most INTERRUPT_AHEAD_MS ahead of now): every
+        cue starting then or later is retracted, a cue spanning it ends there with its words
+        from then on dropped, in one durable write, published live. Revisions producers send
+        afterwards of the cues it touched are not stored (a TTS pipeline's late final version
+        of a cut sentence would bring the unsaid words back). Cues marked ``fixed`` (a chapter
+        title, say) are not speech and stay. Calling it again changes nothing."""
+        check_stream(stream)
+        check_lang(lang)
+        epoch = self._epochs.get(stream)
+        if epoch is None:
+            return Interruption(stream, lang, None, (), ())  # no caption yet: nothing said
+        at_ms = (at - epoch + 500_000) // 1_000_000 if timebase == "house_ns" else at
+        if at_ms < 0:
+            raise Unprocessable(f"at is {-at_ms / 1000:g} s before the stream's epoch")
+        ahead_ms = at_ms - (self._now_ns() - epoch) // 1_000_000
+        if ahead_ms > INTERRUPT_AHEAD_MS:
+            raise Unprocessable(
+                f"at is {ahead_ms / 1000:.1f} s after now: a barge-in is sent when it happens "
+                f"(at most {INTERRUPT_AHEAD_MS / 1000:g} s ahead, for clocks that differ)")
+        touched = self._interrupted.setdefault((stream, lang), set())
+        retracted: list[str] = []
+        cut: list[str] = []
+        changes: list[StoredCue] = []
+        keys = {(lang_, cid) for lang_, cid in self._records.get(stream, {})}
+        keys.update((k[1], k[2]) for k in self._pending if k[0] == stream)
+        for lang_, cue_id in sorted(keys):
+            cue = self._latest(stream, lang_, cue_id)
+            if lang_ != lang or cue is None or cue.deleted or cue.fixed:
+                continue
+            text = cue_words.cut(cue.text, at_ms) if cue.start_ms < at_ms < cue.end_ms else ""
+            if cue.start_ms >= at_ms or (cue.end_ms > at_ms and not text.strip()):
+                changes.append(StoredCue(stream, lang, cue_id, cue.start_ms, cue.end_ms, "",
+                                         cue.final, self._next_seq(), "", True))
+                retracted.append(cue_id)
+            elif cue.end_ms > at_ms:
+                changes.append(dataclasses.replace(cue, end_ms=at_ms, text=text,
+                                                   seq=self._next_seq()))
+                cut.append(cue_id)
+            else:
+                continue
+            touched.add(cue_id)
+        await self._commit(changes)
+        self._cue_results.labels("retracted").inc(len(retracted))
+        self._cue_results.labels("cut").inc(len(cut))
+        return Interruption(stream, lang, at_ms, tuple(retracted), tuple(cut))
+
     async def align(self, stream: str, lang: str, cue_id: str, author_start_ms: int,
                     shift_ms: int) -> StoredCue | None:
         """Move a cue by ``shift_ms`` (its duration kept) onto the voice it captions, durably and
@@ -389,6 +480,7 @@ class CaptionService:
         start_ms = max(0, current.start_ms + shift_ms)
         shift_ms = start_ms - current.start_ms
         moved = dataclasses.replace(current, start_ms=start_ms, end_ms=current.end_ms + shift_ms,
+                                    text=cue_words.shift(current.text, shift_ms),
                                     shift_ms=shift_ms, seq=self._next_seq())
         (stored,) = await self._commit([moved])
         self._cue_results.labels("aligned").inc()

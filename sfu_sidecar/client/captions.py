@@ -6,6 +6,13 @@
         ids = await pub.send("en", [{"id": "u1", "start": 1.0, "end": 2.5, "text": "Hello",
                                       "final": False}], timebase="stream_s")
         await pub.retract("en", "u1")
+        # Word times (the TTS knows them) travel as WebVTT timestamp tags in the cue's text:
+        await pub.send("en", [{"id": "u2", "start": t0, "end": t0 + 900_000_000,
+                               "words": [{"start": t0, "text": "Good"},
+                                         {"start": t0 + 400_000_000, "text": "evening"}]}],
+                       timebase="house_ns")
+        # The speaker was cut off: later cues retracted, the one speaking cut at that instant.
+        await pub.interrupt("en", house_ns_when_it_stopped)
 
 Every message is acknowledged after the cues are durable; :meth:`send` returns the stored ids
 or raises :class:`CaptionRejected` with the service's reason. Messages are msgpack by default
@@ -90,7 +97,9 @@ class CaptionPublisher:
         *,
         timebase: str = "stream_s",
     ) -> list[str]:
-        """Store cues (``id?``, ``start``, ``end``, ``text``, ``final?``); return their ids."""
+        """Store cues (``id?``, ``start``, ``end``, ``text``, ``final?``, ``words?``); return
+        their ids. ``words`` is ``[{"start", "text"}, ...]`` in the same timebase, each word
+        inside its cue and after the one before; without ``text`` the words make it."""
         reply = await self._request(
             {"op": "cues", "timebase": timebase, "lang": lang, "cues": [dict(c) for c in cues]}
         )
@@ -99,6 +108,14 @@ class CaptionPublisher:
     async def retract(self, lang: str, cue_id: str) -> bool:
         reply = await self._request({"op": "retract", "lang": lang, "id": cue_id})
         return bool(reply["retracted"])
+
+    async def interrupt(self, lang: str, at: float, *, timebase: str = "house_ns",
+                        ) -> dict[str, Any]:
+        """Barge-in: the ``lang`` speaker was cut off at ``at`` (house ns, or stream seconds).
+        Cues starting then or later are retracted and the cue being spoken ends there with
+        the words after it dropped; returns ``{"retracted": [ids], "cut": [ids], ...}``."""
+        return await self._request(
+            {"op": "interrupt", "lang": lang, "at": at, "timebase": timebase})
 
     async def _request(self, message: dict[str, Any]) -> dict[str, Any]:
         if self._ws is None:

@@ -11,7 +11,7 @@ import websockets
 
 from sfu_sidecar.captions.events import Cue, CueRetract
 from sfu_sidecar.client.captions import CaptionPublisher, CaptionRejected
-from tests.captions.helpers import TOKEN, Clock, Env, start_env
+from tests.captions.helpers import T0, TOKEN, Clock, Env, start_env
 
 
 @pytest.fixture
@@ -78,3 +78,27 @@ async def test_wrong_token_is_refused_at_handshake(env: Env) -> None:
         async with CaptionPublisher(base(env), "live", token="wrong"):
             pass
     assert info.value.response.status_code == 401
+
+
+@pytest.mark.parametrize("encoding", ["msgpack", "json"])
+async def test_the_client_sends_word_times_and_interrupts_the_speaker(
+    env: Env, encoding: str,
+) -> None:
+    t0 = T0 + 1_000_000_000
+    said = [{"start": t0 + i * 250_000_000, "text": w}
+            for i, w in enumerate(["we", "now", "turn", "to", "the", "weather"])]
+    async with CaptionPublisher(base(env), "tts", token=TOKEN, encoding=encoding) as pub:
+        assert await pub.send("en", [{"id": "u1", "start": t0, "end": t0 + 1_500_000_000,
+                                      "words": said},
+                                     {"id": "u2", "start": t0 + 2_000_000_000,
+                                      "end": t0 + 3_000_000_000, "text": "Sunny."}],
+                              timebase="house_ns") == ["u1", "u2"]
+        env.clock.advance(2)
+        done = await pub.interrupt("en", t0 + 800_000_000)  # during "to" (750..1000 ms)
+        assert (done["retracted"], done["cut"], done["at"]) == (["u2"], ["u1"], 0.8)
+        with pytest.raises(CaptionRejected) as info:
+            await pub.interrupt("en", t0 + 60_000_000_000)
+        assert info.value.status == 422 and "after now" in info.value.reason
+    cue = env.service.cues_between("tts", "en", 0, 10_000)
+    assert [(c.id, c.end_ms, c.text, c.deleted) for c in cue] == [
+        ("u1", 800, "we <00:00:00.250>now <00:00:00.500>turn <00:00:00.750>to", False)]
