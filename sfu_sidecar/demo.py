@@ -30,6 +30,7 @@ import numpy.typing as npt
 from aiortc.mediastreams import MediaStreamTrack
 
 from sfu_sidecar import app, logs, tts
+from sfu_sidecar.client.presenter import cue_words
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import SidecarError, TtsError
@@ -117,6 +118,7 @@ class Line:
     text: str
     onset: int
     end: int
+    words: tuple[tuple[int, str], ...] = ()  # (sample where espeak-ng begins it, word)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,9 @@ def compose(utterances: Sequence[tts.Utterance], pauses_s: Sequence[float] = PAU
     pcm = np.zeros(max(length, cue), dtype=np.int16)
     for at, said in placed:
         pcm[at:at + said.pcm.size] = said.pcm
-    return Talk(pcm, tuple(Line(s.text, at + s.onset, at + s.end) for at, s in placed))
+    return Talk(pcm, tuple(Line(s.text, at + s.onset, at + s.end,
+                                tuple((at + w.start, w.text) for w in s.words))
+                           for at, s in placed))
 
 
 def presenter_talk() -> Talk:
@@ -178,12 +182,17 @@ class SpeechSource:
                 end = timeline.capture_ns(Fraction(loop * size + line.end, AUDIO_RATE))
                 start = onset + self.offset_ns
                 post_at = Fraction(start - timeline.start_house_ns, 1_000_000_000) - LOOKAHEAD_S
+                said = [(timeline.capture_ns(Fraction(loop * size + at, AUDIO_RATE)), word)
+                        for at, word in line.words]
+                # Every word as early or late as its sentence's caption.
+                words = [(t + self.offset_ns, w) for t, w in cue_words(said, onset, end)]
                 yield max(post_at, Fraction(0)), {
                     "id": f"say-{loop}-{i}",
                     "start": start,
                     "end": end + self.offset_ns,
                     "text": line.text,
                     "final": True,
+                    **({"words": [{"start": t, "text": w} for t, w in words]} if words else {}),
                 }
 
 

@@ -78,8 +78,11 @@ def test_speech_captions_are_the_sentences_shifted_by_the_offset(offset_ms: int)
         line = talk.lines[i]
         onset = T0 + (loop * talk.pcm.size + line.onset) * S // AUDIO_RATE
         end = T0 + (loop * talk.pcm.size + line.end) * S // AUDIO_RATE
-        assert cue == {"id": f"say-{loop}-{i}", "start": onset + offset_ms * 1_000_000,
-                       "end": end + offset_ms * 1_000_000, "text": line.text, "final": True}
+        start = onset + offset_ms * 1_000_000
+        # Its one word begins in the silence before the sound: said from the caption's start.
+        assert cue == {"id": f"say-{loop}-{i}", "start": start,
+                       "end": end + offset_ms * 1_000_000, "text": line.text, "final": True,
+                       "words": [{"start": start, "text": line.text}]}
         # Posted ahead of its start, as a TTS pipeline would, never before the timeline starts.
         assert post_at == max(Fraction(int(cue["start"]) - T0, S) - demo.LOOKAHEAD_S, 0)
     assert cues[3][1]["start"] == cues[0][1]["start"] + loop_ns
@@ -187,7 +190,14 @@ async def test_the_speech_demo_is_heard_and_its_captions_measured_early(
     assert {f"say-0-{i}" for i in range(3)} <= set(posted), sorted(posted)
     for i, line in enumerate(talk.lines[:len(posted)]):
         cue = posted[f"say-0-{i}"]
-        assert cue["text"] == line.text
+        # The sentence, each word timed as the synthesiser said it, shifted like the caption.
+        assert " ".join(w["text"] for w in cue["words"]).split() == line.text.split()
+        said = demo.cue_words([(house(at), w) for at, w in line.words], house(line.onset),
+                              house(line.end))
+        # (A word espeak-ng times with the one before it is shown at that one's time.)
+        starts = sorted({feed["epoch_ns"] + round(w["start"] * S) for w in cue["words"]})
+        assert starts == pytest.approx([t + offset_ms * 1_000_000 for t, _ in said],
+                                       abs=1_000_000)
         start_ns = feed["epoch_ns"] + round(cue["start"] * S)
         end_ns = feed["epoch_ns"] + round(cue["end"] * S)
         assert abs(start_ns - (house(line.onset) + offset_ms * 1_000_000)) <= 1_000_000, i

@@ -22,7 +22,7 @@ import asyncio
 import dataclasses
 import fractions
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -218,6 +218,22 @@ class Said:
     words: tuple[tuple[int, str], ...]
 
 
+def cue_words(words: Sequence[tuple[int, str]], start: int, end: int) -> list[tuple[int, str]]:
+    """A synthesiser's word times (any one timebase) as a cue [start, end) takes them: espeak-ng
+    begins a word in the silence before its sound, so a word is said from the cue's start at
+    the earliest; none from its end on; each after the one before (a word espeak-ng times
+    with its predecessor goes without a time of its own)."""
+    timed: list[tuple[int, str]] = []
+    for t, w in words:
+        t = max(start, t)
+        if t >= end or not w.strip():
+            continue
+        if timed and t <= timed[-1][0]:
+            continue  # timed with the word before: shown with it, under its timestamp
+        timed.append((t, w))
+    return timed
+
+
 class TtsPresenter:
     """Speaks text on a stream of a running service, with word-timed captions in ``lang``."""
 
@@ -289,14 +305,8 @@ class TtsPresenter:
         self._count += 1
         cue_id = cue_id or f"say-{self._count}"
         onset, end = self.house_ns(placed.onset), self.house_ns(placed.end)
-        # espeak-ng begins a word in the silence before its sound: the first word is said
-        # from the cue's start, and none after its end.
-        words = [(max(onset, self.house_ns(placed.at + w.start)), w.text)
-                 for w in utterance.words]
-        timed: list[tuple[int, str]] = []
-        for t, w in words:
-            if t < end and (not timed or t > timed[-1][0]) and w.strip():
-                timed.append((t, w))
+        timed = cue_words([(self.house_ns(placed.at + w.start), w.text)
+                           for w in utterance.words], onset, end)
         cue = {"id": cue_id, "start": onset, "end": end, "text": utterance.text.strip(),
                "words": [{"start": t, "text": w} for t, w in timed]}
         await self.captions.send(self.lang, [cue], timebase="house_ns")
