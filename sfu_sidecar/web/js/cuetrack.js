@@ -26,6 +26,59 @@ export function placeCue(cue, frameS, t, guardS = GUARD_S) {
   return [start, t - (frameS - cue.end)];
 }
 
+// Word times travel as WebVTT cue timestamp tags in a cue's text ("Good <00:00:04.400>evening"),
+// in stream time like the cue. The browser styles the words before and after a timestamp with
+// ::cue(:past) and ::cue(:future), comparing it with currentTime when it renders the cue; so the
+// text handed to the VTTCue has each timestamp rewritten for the frame being presented: a word
+// whose stream time the frame's capture time has reached gets a time just behind currentTime
+// (past), any other one a time `guardS` ahead (future, until the next frame decides again).
+
+const TIMESTAMP_TAG = /<(\d[^>]*)(>|$)/g;
+
+// Seconds of a WebVTT timestamp ("hh:mm:ss.ttt" or "mm:ss.ttt"), or null.
+export function parseTimestamp(value) {
+  const m = /^(?:(\d+):)?(\d{2}):(\d{2})\.(\d{3})$/.exec(value);
+  if (m === null) return null;
+  const hours = m[1] === undefined ? 0 : Number(m[1]);
+  const minutes = Number(m[2]);
+  const seconds = Number(m[3]);
+  if (minutes > 59 || seconds > 59) return null;
+  return hours * 3600 + minutes * 60 + seconds + Number(m[4]) / 1000;
+}
+
+export function formatTimestamp(seconds) {
+  const ms = Math.max(0, Math.round(seconds * 1000));
+  const pad = (n, w) => String(n).padStart(w, "0");
+  return `${pad(Math.floor(ms / 3600000), 2)}:${pad(Math.floor(ms / 60000) % 60, 2)}:`
+    + `${pad(Math.floor(ms / 1000) % 60, 2)}.${pad(ms % 1000, 3)}`;
+}
+
+// The stream times of the word timestamps in `text`, in order (tags that are no timestamp are
+// left out, as the browser leaves them).
+export function wordTimes(text) {
+  const out = [];
+  for (const m of (text ?? "").matchAll(TIMESTAMP_TAG)) {
+    const s = parseTimestamp(m[1]);
+    if (s !== null) out.push(s);
+  }
+  return out;
+}
+
+// `text` as the VTTCue shows it for the frame captured at stream time `frameS`, presented at
+// currentTime `t`: {text, said}, `said` the number of timestamps the frame has reached.
+export function wordsForFrame(text, frameS, t, guardS = GUARD_S) {
+  let said = 0;
+  const past = formatTimestamp(Math.max(0, t - 0.001));
+  const future = formatTimestamp(t + guardS);
+  const shown = text.replace(TIMESTAMP_TAG, (whole, value, close) => {
+    const s = parseTimestamp(value);
+    if (s === null) return whole;
+    if (s <= frameS) said++;
+    return `<${s <= frameS ? past : future}${close}`;
+  });
+  return { text: shown, said };
+}
+
 // Whether a placed cue already has the state the presented frame asks for and keeps it until
 // the next frame: each write makes the browser re-evaluate the track, so cues are left alone
 // while they are right (a cue moves when the frame-to-capture relation crosses its boundary).
@@ -87,6 +140,7 @@ export class FrameCues {
     this.placing = null; // the presented frame cues are placed for: {frameS, t}
     this.replacements = 0;
     this.refreshes = 0; // cues put back fresh because the browser's list disagreed
+    this.wordMarks = 0; // texts rewritten because the frame on screen reached another word
   }
 
   // The frame being presented: its capture stream time and currentTime as read for it.
@@ -99,7 +153,8 @@ export class FrameCues {
   sync(id, cue, force = false) {
     const existing = this.vtt.get(id);
     const changed = existing !== undefined && cue !== undefined
-      && (existing.text !== cue.text || existing.sidecarSettings !== (cue.settings ?? ""));
+      && (existing.sidecarText !== cue.text
+        || existing.sidecarSettings !== (cue.settings ?? ""));
     if (cue === undefined || changed) {
       if (existing !== undefined) {
         this.track.removeCue(existing);
@@ -111,9 +166,13 @@ export class FrameCues {
     const { frameS, t } = this.placing;
     const [start, end] = placeCue(cue, frameS, t);
     const vtt = this.vtt.get(id);
+    const timed = wordTimes(cue.text).length > 0;
     if (vtt === undefined) {
-      const added = this.makeCue(start, end, cue.text);
+      const shown = timed ? wordsForFrame(cue.text, frameS, t) : { text: cue.text, said: 0 };
+      const added = this.makeCue(start, end, shown.text);
       added.id = id;
+      added.sidecarText = cue.text;
+      added.sidecarWords = { said: shown.said, t };
       // Placed where the producer asked (line, position, size, align), as a WebVTT file would.
       added.sidecarSettings = cue.settings ?? "";
       Object.assign(added, cueSettings(added.sidecarSettings));
@@ -121,6 +180,7 @@ export class FrameCues {
       this.vtt.set(id, added);
       return;
     }
+    if (timed) this.markWords(vtt, cue, frameS, t);
     const shouldBeActive = start <= t && t < end;
     if (!force && placedWell(vtt, shouldBeActive, frameS >= cue.end, t)) {
       if (this.browserAgrees(vtt, shouldBeActive)) return;
@@ -143,6 +203,17 @@ export class FrameCues {
       vtt.startTime = start;
       vtt.endTime = end;
     }
+  }
+
+  // Rewrites the shown text when the frame reached another word, or before the future words'
+  // times (`guardS` ahead of the last rewrite) could be passed by currentTime.
+  markWords(vtt, cue, frameS, t) {
+    const shown = wordsForFrame(cue.text, frameS, t);
+    const last = vtt.sidecarWords;
+    if (last !== undefined && last.said === shown.said && t - last.t < GUARD_S / 2) return;
+    vtt.text = shown.text;
+    vtt.sidecarWords = { said: shown.said, t };
+    this.wordMarks++;
   }
 
   // Places every cue of `cues` (a Map id -> cue) for the frame, and drops VTTCues of ids gone

@@ -3,7 +3,9 @@
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
-import { cueSettings, FrameCues } from "../../../sfu_sidecar/web/js/cuetrack.js";
+import {
+  cueSettings, formatTimestamp, FrameCues, parseTimestamp, wordsForFrame, wordTimes,
+} from "../../../sfu_sidecar/web/js/cuetrack.js";
 
 test("cue settings become VTTCue properties as WebVTT parses them", () => {
   assert.deepEqual(cueSettings(""), {});
@@ -112,4 +114,50 @@ test("a cue the browser still lists as active past its end is put back fresh", (
   placer.place(2.3, track.t);
   placer.syncAll(cues);
   assert.equal(placer.refreshes, 1);
+});
+
+test("word timestamps are read as WebVTT reads them and written back", () => {
+  assert.deepEqual(wordTimes("a <00:01.200>b <1:00:00.001>c <00:1.2>d <b>e</b> <00:03.000"),
+    [1.2, 3600.001, 3]);
+  assert.equal(parseTimestamp("12:34"), null);
+  assert.equal(parseTimestamp("00:60.000"), null);
+  assert.equal(formatTimestamp(3723.456), "01:02:03.456");
+  assert.equal(formatTimestamp(-1), "00:00:00.000");
+});
+
+test("the words the frame on screen has reached are past, the others future", () => {
+  const text = "<v Ann>Good <00:00:04.400>evening <00:00:04.900>all</v>";
+  // Captured at 4.5 s, presented at currentTime 100: one word reached.
+  const mid = wordsForFrame(text, 4.5, 100);
+  assert.equal(mid.said, 1);
+  assert.equal(mid.text, "<v Ann>Good <00:01:39.999>evening <00:01:40.500>all</v>");
+  assert.equal(wordsForFrame(text, 4.0, 100).said, 0);
+  assert.equal(wordsForFrame(text, 4.9, 100).said, 2); // a word starts on its frame
+  assert.deepEqual(wordsForFrame("no words", 4, 100), { text: "no words", said: 0 });
+});
+
+test("a word-timed cue's text is rewritten as the frames reach its words, not otherwise", () => {
+  const track = new Track();
+  const placer = new FrameCues(track, { makeCue });
+  const cue = { id: "w", start: 4.0, end: 6.0, text: "Good <00:00:04.400>evening" };
+  placer.place(4.1, 50);
+  placer.sync("w", cue);
+  const [vtt] = track.cues;
+  assert.equal(vtt.text, "Good <00:00:50.500>evening"); // future, guard ahead
+  placer.place(4.2, 50.1);
+  placer.sync("w", cue);
+  assert.equal(placer.wordMarks, 0); // nothing reached yet, and the guard still ahead
+  placer.place(4.4, 50.3);
+  placer.sync("w", cue);
+  assert.equal(vtt.text, "Good <00:00:50.299>evening");
+  assert.equal(placer.wordMarks, 1);
+  assert.equal([...track.cues][0], vtt); // the same VTTCue: only its text changed
+  // A long word: before currentTime could pass the future times, they are moved on.
+  const slow = { id: "s", start: 4.0, end: 9.0, text: "a <00:00:08.000>b" };
+  placer.place(4.5, 50.4);
+  placer.sync("s", slow);
+  placer.place(4.8, 50.7);
+  placer.sync("s", slow);
+  const s = [...track.cues].find((c) => c.id === "s");
+  assert.equal(s.text, "a <00:00:51.200>b");
 });
