@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -242,3 +243,54 @@ async def test_barge_in_before_any_caption_says_nothing_was_said_and_needs_the_t
     assert anonymous.status == 401
     bad_lang = await interrupt(env, "quiet", {"at": T0}, lang="no_such_lang!")
     assert bad_lang.status in (404, 422)
+
+
+async def test_a_hundred_barge_ins_at_random_instants_leave_no_unsaid_word_anywhere(
+    env: Env,
+) -> None:
+    """A presenter interrupted 100 times, each at a random instant of a sentence, with the next
+    sentence already posted: after each, every reader (change feed, chunks, live events) has
+    no word at or after the instant, and the cut cue ends exactly there."""
+    rng = random.Random(7)
+    sub = env.service.events.subscribe("talk")
+    await env.post("talk", stream_doc_words(0, 0.0))  # fixes the stream's epoch
+    await cue_events(sub, 1)
+    t = 10.0
+    for n in range(1, 101):
+        said = stream_doc_words(n, t)
+        following = stream_doc_words(10_000 + n, t + 3.0)
+        resp = await env.post("talk", {**said, "cues": said["cues"] + following["cues"]})
+        assert resp.status == 200, await resp.text()
+        await cue_events(sub, 2)
+        at_ms = round((t + rng.uniform(0.05, 2.35)) * 1000)
+        env.clock.t = env.service.epoch("talk") + at_ms * MS + 100 * MS  # said a moment ago
+        resp = await interrupt(env, "talk", {"at": at_ms / 1000, "timebase": "stream_s"})
+        done = await resp.json()
+        assert (done["cut"], done["retracted"]) == ([f"c{n}"], [f"c{10_000 + n}"]), done
+        pushed = await cue_events(sub, 2)
+        cut = next(e for e in pushed if isinstance(e, Cue))
+        assert [e.id for e in pushed if isinstance(e, CueRetract)] == [f"c{10_000 + n}"]
+        assert round(cut.end * 1000) == at_ms
+        assert all(ms < at_ms for ms, _ in words.words_of(cut.text, round(cut.start * 1000)))
+        t += 6.0
+    feed_cues = await feed(env, "talk")
+    env.clock.advance(20)
+    served = []
+    for chunk in range(0, 4 + round(t) // 2):
+        resp = await env.client.get(f"/captions/talk/en/chunk-{chunk}.vtt")
+        served += webvtt.parse(await resp.read()).cues
+    for n in range(1, 101):
+        cue = feed_cues[f"c{n}"]
+        assert all(w["start"] < cue["end"] for w in cue.get("words", [])), cue
+        assert feed_cues[f"c{10_000 + n}"].get("retracted") is True
+    assert not any(c.id.startswith("c1000") for c in served)
+    assert all(tag.ms < round(c.end * 1000) for c in served for tag in words.tags(c.text))
+    sub.close()
+
+
+def stream_doc_words(n: int, start_s: float) -> dict[str, Any]:
+    """A 2.4 s sentence at ``start_s`` of stream time, a word every 0.3 s."""
+    said = [{"start": round(start_s + 0.3 * i, 3), "text": f"w{i}"} for i in range(8)]
+    return {"timebase": "stream_s", "lang": "en",
+            "cues": [{"id": f"c{n}", "start": start_s, "end": round(start_s + 2.4, 3),
+                      "words": said}]}
