@@ -13,19 +13,16 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 import time
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import WhipSession, publish
-from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import FlashVideoTrack, PcmAudioTrack, Timeline
-from tests.conftest import IN_PROCESS, free_port
-from tests.e2e.harness import LoopThread
+from tests.conftest import free_port
+from tests.e2e.harness import LoopThread, serve_app
 from tests.support import chromium, speech
 
 STREAM = "talk"
@@ -46,12 +43,7 @@ class Service(LoopThread):
         self.timeline: Timeline | None = None
 
     async def _start(self) -> None:
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
-                                  "caption_align": "snap",
-                                  "data_dir": tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")})
-        self.runner = web.AppRunner(build_app(settings))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.runner = await serve_app(self.port, caption_align="snap")
         self.timeline = Timeline.starting_now(time.time_ns)
         self.session = await publish(
             f"{self.base}/whip/{STREAM}",

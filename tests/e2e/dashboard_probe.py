@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import tempfile
 import time
 import urllib.request
 from fractions import Fraction
@@ -21,16 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from av import VideoFrame
 
-from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import WhipSession, publish
-from sfu_sidecar.config import load_settings
 from sfu_sidecar.demo import LANG, STREAM, caption_for_second
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import IN_PROCESS, free_port
-from tests.e2e.harness import LoopThread
+from tests.conftest import free_port
+from tests.e2e.harness import LoopThread, serve_app
 from tests.support import chromium
 
 # While stalling, frames are held and let go a second's worth at a time: the frame-interval
@@ -103,11 +99,7 @@ class Service(LoopThread):
         self.captions: asyncio.Task[None] | None = None
 
     async def _start(self) -> None:
-        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-dashboard-")
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": data_dir})
-        self.runner = web.AppRunner(build_app(settings))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.runner = await serve_app(self.port)
         timeline = Timeline.starting_now(time.time_ns)
         self.video = StallingVideoTrack(timeline)
         self.session = await publish(

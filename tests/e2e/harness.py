@@ -6,20 +6,26 @@ from __future__ import annotations
 
 import asyncio
 import fractions
+import tempfile
 import threading
 import time
 from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from aiohttp import web
+
+from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import WhipSession, publish
+from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import AUDIO_RATE, BeepAudioTrack, FlashVideoTrack, Timeline
+from tests.conftest import IN_PROCESS
 
 T = TypeVar("T")
 
 __all__ = [
     "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "Broadcaster", "LoopThread", "PixelJudgement",
-    "in_stored_cue", "judge_pixels",
+    "in_stored_cue", "judge_pixels", "serve_app",
 ]
 
 
@@ -55,6 +61,17 @@ class LoopThread:
         self.call(self._stop(), timeout=self.stop_timeout_s)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(self.stop_timeout_s)
+
+
+async def serve_app(port: int, **settings: Any) -> web.AppRunner:
+    """The service on 127.0.0.1:``port`` in the running loop, as the probes run it: in-process
+    settings, ICE on loopback, a fresh data folder, then ``settings``. Clean up the runner."""
+    merged = {**IN_PROCESS, "ice_addresses": "127.0.0.1",
+              "data_dir": tempfile.mkdtemp(prefix="sfu-sidecar-e2e-"), **settings}
+    runner = web.AppRunner(build_app(load_settings(merged)))
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
 
 
 # Defines window.readFrameNumber(video): the 20-bit number the synthetic source

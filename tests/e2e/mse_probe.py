@@ -22,17 +22,14 @@ import argparse
 import asyncio
 import json
 import sys
-import tempfile
 import time
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from sfu_sidecar.app import build_app
-from sfu_sidecar.config import load_settings
-from tests.conftest import IN_PROCESS, free_port
-from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread
+from tests.conftest import free_port
+from tests.e2e.harness import FRAME_NUMBER_JS, Broadcaster, LoopThread, serve_app
 from tests.support import chromium
 
 STREAM = "mse"
@@ -163,12 +160,7 @@ class Service(LoopThread):
         self.extra_runners: list[web.AppRunner] = []
 
     async def _start(self) -> None:
-        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-mse-")
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
-                                  "data_dir": data_dir})
-        self.runner = web.AppRunner(build_app(settings))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.runner = await serve_app(self.port)
         await self.broadcaster.publish()
 
     async def leave(self) -> None:

@@ -12,19 +12,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import tempfile
 import time
 import urllib.request
 from typing import Any
 
 from aiohttp import web
 
-from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import publish
-from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import IN_PROCESS, free_port
-from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread
+from tests.conftest import free_port
+from tests.e2e.harness import FRAME_NUMBER_JS, LoopThread, serve_app
 from tests.support import chromium
 
 WATCH_S = 6.0
@@ -89,13 +86,7 @@ class Service(LoopThread):
         self.runners: list[web.AppRunner] = []
 
     async def _app(self, port: int, **extra: str) -> None:
-        data_dir = tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1", "data_dir": data_dir,
-                                  **extra})
-        runner = web.AppRunner(build_app(settings))
-        await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port).start()
-        self.runners.append(runner)
+        self.runners.append(await serve_app(port, **extra))
 
     async def _start(self) -> None:
         await self._app(self.origin_port)

@@ -18,7 +18,6 @@ import contextlib
 import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,11 +26,9 @@ import aiohttp
 from aiohttp import web
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from sfu_sidecar.app import build_app
-from sfu_sidecar.config import load_settings
-from tests.conftest import IN_PROCESS, ROOT, free_port
+from tests.conftest import ROOT, free_port
 from tests.e2e.audio_output import MUTE_AUDIO, AudioOutput
-from tests.e2e.harness import Broadcaster, LoopThread
+from tests.e2e.harness import Broadcaster, LoopThread, serve_app
 from tests.support import chromium
 
 STREAM = "live"
@@ -58,11 +55,7 @@ class Service(LoopThread):
         self.broadcaster = Broadcaster(f"{self.base}/whip/{STREAM}")
 
     async def _start(self) -> None:
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
-                                  "data_dir": tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")})
-        self.runner = web.AppRunner(build_app(settings))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.runner = await serve_app(self.port)
         await self.broadcaster.publish()
         await self.post_cues()
 

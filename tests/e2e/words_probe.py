@@ -11,19 +11,15 @@ the service's own cues. Run inside a network namespace with only ``lo`` (the tes
 from __future__ import annotations
 
 import json
-import sys
-import tempfile
 import time
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from sfu_sidecar.app import build_app
 from sfu_sidecar.client.presenter import Said, TtsPresenter
-from sfu_sidecar.config import load_settings
-from tests.conftest import IN_PROCESS, free_port
-from tests.e2e.harness import LoopThread
+from tests.conftest import free_port
+from tests.e2e.harness import LoopThread, serve_app
 from tests.support import chromium
 
 STREAM = "anchor"
@@ -41,11 +37,7 @@ class Service(LoopThread):
         self.presenter: TtsPresenter | None = None
 
     async def _start(self) -> None:
-        settings = load_settings({**IN_PROCESS, "ice_addresses": "127.0.0.1",
-                                  "data_dir": tempfile.mkdtemp(prefix="sfu-sidecar-e2e-")})
-        self.runner = web.AppRunner(build_app(settings))
-        await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", self.port).start()
+        self.runner = await serve_app(self.port)
         self.presenter = TtsPresenter(self.base, STREAM, ice_addresses=("127.0.0.1",))
         await self.presenter.start()
 
@@ -109,4 +101,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
