@@ -94,7 +94,7 @@ def serve_baseline(port: int, data_dir: Path) -> None:
             (request.match_info["stream"], request.match_info["lang"], lo - 3_600_000, hi, lo),
         ).fetchall()
         cues = [
-            webvtt.Cue(i, webvtt.seconds_from_ms(a), webvtt.seconds_from_ms(b), t)
+            webvtt.VttCue(i, webvtt.seconds_from_ms(a), webvtt.seconds_from_ms(b), t)
             for i, a, b, t in rows
         ]
         body = webvtt.serialize(

@@ -83,9 +83,9 @@ class StoredCue:
         ) == (other.start_ms, other.end_ms, other.text, other.final, other.settings, other.deleted,
               other.fixed, other.shift_ms)
 
-    def to_webvtt(self) -> webvtt.Cue:
+    def to_webvtt(self) -> webvtt.VttCue:
         settings = webvtt.parse_cue_settings(self.settings, ()) if self.settings else {}
-        return webvtt.Cue(self.id, self.start, self.end, self.text, **settings)
+        return webvtt.VttCue(self.id, self.start, self.end, self.text, **settings)
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -350,7 +350,7 @@ def parse_vtt_batch(body: bytes, lang: Any, max_cues: int = MAX_CUES_PER_REQUEST
         end = _time(cue.end, "stream_s", f"{where} end")
         # Regions are not stored, so a cue keeps its other settings but not its region.
         settings = webvtt.format_settings(
-            webvtt.Cue("", 0, 0, "", **{**_settings_of(cue), "region": None})
+            webvtt.VttCue("", 0, 0, "", **{**_settings_of(cue), "region": None})
         )
         item = CueInput(cue_id, start, end, check_text(cue.text, where), True, settings)
         _check_interval(item, "stream_s", where)
@@ -391,10 +391,10 @@ def normalize_settings(settings: str) -> str:
     if not settings:
         return ""
     parsed = webvtt.parse_cue_settings(settings, ())
-    return webvtt.format_settings(webvtt.Cue("", 0, 0, "", **{**parsed, "region": None}))
+    return webvtt.format_settings(webvtt.VttCue("", 0, 0, "", **{**parsed, "region": None}))
 
 
-def _settings_of(cue: webvtt.Cue) -> dict[str, Any]:
+def _settings_of(cue: webvtt.VttCue) -> dict[str, Any]:
     return {
         "vertical": cue.vertical, "snap_to_lines": cue.snap_to_lines, "line": cue.line,
         "line_align": cue.line_align, "position": cue.position,

@@ -79,7 +79,7 @@ class Region:
 
 
 @dataclass(frozen=True, slots=True)
-class Cue:
+class VttCue:
     """A WebVTT cue with the defaults of 6.1 "cue creation". ``None`` is the spec's ``auto``.
 
     ``text`` is the raw cue text (``VTTCue.text``): markup and escapes stay as written.
@@ -126,18 +126,18 @@ class Style:
     css: str
 
 
-Block = Cue | Region | Style
+Block = VttCue | Region | Style
 
 
 @dataclass(slots=True)
 class ParseResult:
-    cues: list[Cue] = field(default_factory=list)
+    cues: list[VttCue] = field(default_factory=list)
     regions: list[Region] = field(default_factory=list)
     styles: list[Style] = field(default_factory=list)
 
     def add(self, blocks: Iterable[Block]) -> None:
         for block in blocks:
-            if isinstance(block, Cue):
+            if isinstance(block, VttCue):
                 self.cues.append(block)
             elif isinstance(block, Region):
                 self.regions.append(block)
@@ -255,7 +255,7 @@ def _tokens(s: str) -> list[str]:
 def parse_cue_settings(
     settings: str, regions: Sequence[Region], base: dict[str, Any] | None = None
 ) -> dict[str, Any]:
-    """6.3 "parse the WebVTT cue settings": Cue field values over the "cue creation" defaults."""
+    """6.3 "parse the WebVTT cue settings": cue field values over the "cue creation" defaults."""
     out: dict[str, Any] = {
         "vertical": "", "snap_to_lines": True, "line": None, "line_align": "start",
         "position": None, "position_align": "auto", "size": 100.0, "align": "center",
@@ -552,7 +552,7 @@ class WebVTTParser:
             return
         if block.cue is not None:
             start, end, settings, cue_id = block.cue
-            out.append(Cue(cue_id, start, end, block.buffer, **settings))
+            out.append(VttCue(cue_id, start, end, block.buffer, **settings))
         elif block.style:
             out.append(Style(block.buffer))
         elif block.region:
@@ -603,7 +603,7 @@ def format_number(value: float) -> str:
     return format(Decimal(repr(value)), "f")
 
 
-def format_settings(cue: Cue) -> str:
+def format_settings(cue: VttCue) -> str:
     """The cue settings list, only non-default values; ``region`` last (6.3 applies settings
     in order and ``line``/``size``/``vertical`` clear the region, so it must come after them)."""
     parts = []
@@ -643,7 +643,7 @@ def check_cue_id(cue_id: str) -> str | None:
     return None
 
 
-def serialize_cue(cue: Cue) -> str:
+def serialize_cue(cue: VttCue) -> str:
     settings = format_settings(cue)
     timing = f"{format_timestamp(cue.start)} {ARROW} {format_timestamp(cue.end)}"
     head = f"{cue.id}\n" if cue.id else ""
@@ -666,7 +666,7 @@ def serialize_region(region: Region) -> str:
 
 
 def serialize(
-    cues: Iterable[Cue],
+    cues: Iterable[VttCue],
     *,
     regions: Iterable[Region] = (),
     styles: Iterable[Style] = (),

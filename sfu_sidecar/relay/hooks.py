@@ -46,9 +46,21 @@ from sfu_sidecar.relay.rtcp import ReportBlock, SenderReport
 from sfu_sidecar.sync.mapping import ABS_CAPTURE_TIME_URI
 
 __all__ = [
-    "ABS_CAPTURE_TIME", "ABS_SEND_TIME", "AUDIO_LEVEL", "SDES_MID", "DataChannel",
-    "KeyframeRequest", "PacketInfo", "PacketObserver", "PacketWriter", "PublisherHandle",
-    "RelayObserver", "ReportBlock", "SenderReport", "SenderReportRewriter", "ViewerHandle",
+    "ABS_CAPTURE_TIME",
+    "ABS_SEND_TIME",
+    "AUDIO_LEVEL",
+    "SDES_MID",
+    "DataChannel",
+    "PacketInfo",
+    "PacketObserver",
+    "PacketWriter",
+    "PublisherHandle",
+    "RelayObserver",
+    "ReportBlock",
+    "RequestKeyframe",
+    "SenderReport",
+    "SenderReportRewriter",
+    "ViewerHandle",
     "ViewerTrack",
 ]
 
@@ -82,7 +94,7 @@ SenderReportRewriter = Callable[[SenderReport | None], SenderReport | None]
 
 
 # Asks the stream's publisher for a keyframe of its ``kind`` track (RTCP PLI).
-KeyframeRequest = Callable[[str], None]
+RequestKeyframe = Callable[[str], None]
 
 
 class DataChannel(Protocol):

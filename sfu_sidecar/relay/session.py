@@ -404,7 +404,7 @@ class PublisherSource(_SessionBase):
                 self._send_rtcp(data)
 
     def request_keyframe(self, kind: str) -> None:
-        """A keyframe of the ``kind`` track, for the stream (a ``hooks.KeyframeRequest``)."""
+        """A keyframe of the ``kind`` track, for the stream (a ``hooks.RequestKeyframe``)."""
         self.receiver.request_keyframe(kind)
         self._flush_rtcp()
 

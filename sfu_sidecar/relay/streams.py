@@ -12,7 +12,7 @@ from typing import Any
 from sfu_sidecar import logs
 from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
-from sfu_sidecar.relay.hooks import KeyframeRequest
+from sfu_sidecar.relay.hooks import RequestKeyframe
 from sfu_sidecar.relay.sdp import CodecInfo
 from sfu_sidecar.relay.session import PublisherSource, ViewerSink
 
@@ -35,7 +35,7 @@ class Stream:
         self.codecs: dict[str, CodecInfo] = {}
         self.publishers_seen = 0
         self._on_empty = on_empty
-        self._request_keyframe: KeyframeRequest | None = None  # the live publisher's
+        self._request_keyframe: RequestKeyframe | None = None  # the live publisher's
 
     def forwarder(self, kind: str, codec: CodecInfo) -> TrackForwarder:
         fw = self.forwarders.get(kind)
@@ -53,7 +53,7 @@ class Stream:
         return fw
 
     def claim_publisher(
-        self, session: PublisherSource, request_keyframe: KeyframeRequest
+        self, session: PublisherSource, request_keyframe: RequestKeyframe
     ) -> None:
         if self.publisher is not None and not self.publisher.closed.is_set():
             raise Conflict(f"stream {self.name} already has a publisher")

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sfu_sidecar.captions.webvtt import (
-    Cue,
     InvalidWebVTT,
     ParseResult,
     Region,
     Style,
+    VttCue,
     WebVTTParser,
     collect_timestamp,
     format_timestamp,
@@ -499,7 +499,7 @@ def test_blocks_are_returned_as_soon_as_complete() -> None:
     parser = WebVTTParser()
     assert parser.feed(H + "00:00.000 --> 00:01.000\nhello\n") == []
     got = parser.feed("\n")  # the blank line ends the cue: live ingest sees it now
-    assert [c.text for c in got if isinstance(c, Cue)] == ["hello"]
+    assert [c.text for c in got if isinstance(c, VttCue)] == ["hello"]
 
 
 # --- serializer ---------------------------------------------------------------------------------
@@ -521,11 +521,11 @@ def test_format_timestamp() -> None:
 
 def test_serializer_refuses_what_a_file_cannot_carry() -> None:
     with pytest.raises(ValueError):
-        serialize([Cue("", 0, 1, "a\n\nb")])
+        serialize([VttCue("", 0, 1, "a\n\nb")])
     with pytest.raises(ValueError):
-        serialize([Cue("", 0, 1, "a --> b")])
+        serialize([VttCue("", 0, 1, "a --> b")])
     with pytest.raises(ValueError):
-        serialize([Cue("a-->b", 0, 1, "x")])
+        serialize([VttCue("a-->b", 0, 1, "x")])
 
 
 @pytest.mark.parametrize("text", CORPUS)
@@ -544,7 +544,7 @@ _pct = st.one_of(st.integers(0, 100).map(float), st.floats(0, 100, allow_nan=Fal
 
 
 @st.composite
-def cues(draw: st.DrawFn) -> Cue:
+def cues(draw: st.DrawFn) -> VttCue:
     line_kind = draw(st.sampled_from(["auto", "lines", "pct"]))
     line: float | None = None
     snap = True
@@ -553,7 +553,7 @@ def cues(draw: st.DrawFn) -> Cue:
     elif line_kind == "pct":
         line, snap = draw(_pct), False
     position = draw(st.one_of(st.none(), _pct))
-    return Cue(
+    return VttCue(
         id=draw(st.one_of(st.just(""), _text_line)),
         start=seconds_from_ms(draw(_ms)),
         end=seconds_from_ms(draw(_ms)),
@@ -573,7 +573,7 @@ def cues(draw: st.DrawFn) -> Cue:
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(cues(), max_size=6))
-def test_serializer_round_trip(items: list[Cue]) -> None:
+def test_serializer_round_trip(items: list[VttCue]) -> None:
     # A cue id that is whitespace-free text is safe; ids starting a block like "NOTE" still
     # parse as ids because the timing line follows on line two.
     assert parse(serialize(items)).cues == items

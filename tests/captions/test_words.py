@@ -23,7 +23,7 @@ def test_words_get_a_tag_each_after_the_cues_start() -> None:
     assert tagged == "Hello, <00:00:01.400>big <00:00:01.800>world."
     assert words.words_of(tagged, 1000) == [(1000, "Hello,"), (1400, "big"), (1800, "world.")]
     # A file with it is valid WebVTT and keeps the text as it was written.
-    parsed = webvtt.parse(webvtt.serialize([webvtt.Cue("c", 1.0, 3.0, tagged)]))
+    parsed = webvtt.parse(webvtt.serialize([webvtt.VttCue("c", 1.0, 3.0, tagged)]))
     assert [c.text for c in parsed.cues] == [tagged]
     assert [(t.ms) for t in words.tags(parsed.cues[0].text)] == [1400, 1800]
 
