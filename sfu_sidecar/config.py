@@ -188,12 +188,17 @@ def _parse_push_targets(raw: RawValue) -> tuple[PushTarget, ...]:
     return tuple(out)
 
 
+# A node's name (the node_id setting), also as relays name each other in a pull's Via header.
+NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+NODE_ID_RULE = "1-64 characters of A-Z a-z 0-9 _ . : -"
+
+
 def _parse_node_id(raw: RawValue) -> str | None:
     value = _as_str(raw).strip()
     if not value:
         return None
-    if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", value):
-        raise _Invalid("1-64 characters of A-Z a-z 0-9 _ . : -")
+    if not NODE_ID.fullmatch(value):
+        raise _Invalid(NODE_ID_RULE)
     return value
 
 

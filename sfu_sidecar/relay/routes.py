@@ -10,13 +10,12 @@
 from __future__ import annotations
 
 import json
-import re
 from typing import NoReturn
 from urllib.parse import quote
 
 from aiohttp import web
 
-from sfu_sidecar.config import IceServer
+from sfu_sidecar.config import NODE_ID, NODE_ID_RULE, IceServer
 from sfu_sidecar.exceptions import AtCapacity, BadInput, NotFound, TooManyRequests
 from sfu_sidecar.httpapi import (
     ingest_allowed,
@@ -48,7 +47,6 @@ PUSH_PATTERN = r"{push:[0-9a-f]{32}}"
 Session = PublisherSession | ViewerSession
 # Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
 SESSION_RETRY_AFTER = "5"
-NODE_ID = re.compile(r"[A-Za-z0-9_.:-]{1,64}")  # as the node_id setting
 MAX_VIA = 16  # deeper than any real tree of relays
 
 
@@ -70,8 +68,8 @@ def parse_via(request: web.Request) -> tuple[str, ...]:
         return ()
     nodes = tuple(n.strip() for n in raw.split(","))
     if len(nodes) > MAX_VIA or not all(NODE_ID.fullmatch(n) for n in nodes):
-        raise BadInput(f"{VIA_HEADER} must list at most {MAX_VIA} node names of 1-64 "
-                       "characters A-Z a-z 0-9 _ . : -, comma-separated")
+        raise BadInput(f"{VIA_HEADER} must list at most {MAX_VIA} node names of "
+                       f"{NODE_ID_RULE}, comma-separated")
     return nodes
 
 
