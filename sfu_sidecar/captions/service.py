@@ -66,6 +66,9 @@ MAX_WINDOW_MS = 6 * 3600 * 1000
 MAX_FEED_ITEMS = 1000
 # How far ahead of now a barge-in may be dated: a producer's clock may be a little ahead.
 INTERRUPT_AHEAD_MS = 5000
+# Cue ids remembered per stream and language as touched by a barge-in (late revisions refused):
+# a producer's revisions come within seconds, so the newest few thousand are plenty.
+MAX_INTERRUPTED_IDS = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,9 +142,10 @@ class CaptionService:
         self._epochs_unsaved: dict[str, tuple[int, str]] = {}
         self._records: dict[str, dict[tuple[str, str], StoredCue]] = {}  # committed, tombstones too
         self._pending: dict[tuple[str, str, str], StoredCue] = {}  # written, not yet committed
-        # Ids of cues a barge-in retracted or cut, per (stream, lang): their revisions are not
-        # stored (see interrupt). In memory: a restart forgets them.
-        self._interrupted: dict[tuple[str, str], set[str]] = {}
+        # Ids of cues a barge-in retracted or cut, per (stream, lang), the newest
+        # MAX_INTERRUPTED_IDS: their revisions are not stored (see interrupt). In memory: a
+        # restart forgets them.
+        self._interrupted: dict[tuple[str, str], dict[str, None]] = {}
         self._tracks: dict[tuple[str, str], chunks.Track] = {}
         self._seq = 0
         self._live_cache: OrderedDict[tuple[str, str, int], bytes] = OrderedDict()
@@ -441,7 +445,7 @@ class CaptionService:
             raise Unprocessable(
                 f"at is {ahead_ms / 1000:.1f} s after now: a barge-in is sent when it happens "
                 f"(at most {INTERRUPT_AHEAD_MS / 1000:g} s ahead, for clocks that differ)")
-        touched = self._interrupted.setdefault((stream, lang), set())
+        touched = self._interrupted.setdefault((stream, lang), {})
         retracted: list[str] = []
         cut: list[str] = []
         changes: list[StoredCue] = []
@@ -462,7 +466,10 @@ class CaptionService:
                 cut.append(cue_id)
             else:
                 continue
-            touched.add(cue_id)
+            touched.pop(cue_id, None)
+            touched[cue_id] = None
+            while len(touched) > MAX_INTERRUPTED_IDS:
+                del touched[next(iter(touched))]
         await self._commit(changes)
         self._cue_results.labels("retracted").inc(len(retracted))
         self._cue_results.labels("cut").inc(len(cut))
