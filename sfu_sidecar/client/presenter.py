@@ -150,7 +150,7 @@ class SpeechAudioTrack(MediaStreamTrack):
         # silences it.
         pcm = self.speech.samples(start, self._per_frame)
         self.captured = start + self._per_frame
-        self.speech.drop_said(start)
+        self.speech.drop_said(start - AUDIO_RATE)  # the face still looks a moment back
         frame = AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
         frame.sample_rate = AUDIO_RATE
         frame.pts = start
