@@ -6,6 +6,7 @@ a cue converted once at ingest never drifts by float rounding afterwards.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from collections.abc import Mapping
@@ -104,11 +105,17 @@ class StoredCue:
         if self.deleted:
             out["retracted"] = True
         else:
-            timed = cue_words.words_of(self.text, self.start_ms)
+            timed = _feed_words(self.text, self.start_ms)
             if timed:
-                out["words"] = [{"start": webvtt.seconds_from_ms(ms), "text": w}
-                                for ms, w in timed]
+                out["words"] = [{"start": s, "text": w} for s, w in timed]
         return out
+
+
+@functools.lru_cache(maxsize=8192)
+def _feed_words(text: str, start_ms: int) -> tuple[tuple[float, str], ...]:
+    """The ``words`` of a cue in the change feed: read back from its text once, as a feed is
+    read again and again (catch-ups, pollers) while a cue's text rarely changes."""
+    return tuple((webvtt.seconds_from_ms(ms), w) for ms, w in cue_words.words_of(text, start_ms))
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ integer milliseconds of stream time, as cues are stored.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -26,7 +27,9 @@ _ENTITIES = {"&amp;": "&", "&lt;": "<", "&gt;": ">", "&nbsp;": "\u00a0", "&lrm;"
              "&rlm;": "\u200f"}
 _ENTITY_RE = re.compile("|".join(map(re.escape, _ENTITIES)))
 _SPACE_RE = re.compile(r"[ \t\n\f]+")
-_MARKUP_RE = re.compile(r"<[^>]*>?")
+# A tag as the cue text tokenizer reads one: from "<" to ">" or to the end of the text.
+_MARKUP_RE = re.compile(r"<([^>]*)>?")
+_TIMESTAMP_RE = re.compile(r"(?:([0-9]+):)?([0-9]{2}):([0-9]{2})\.([0-9]{3})")
 
 
 class WordTimingError(ValueError):
@@ -53,22 +56,32 @@ def format_tag(ms: int) -> str:
     return f"<{webvtt.format_timestamp(ms / 1000)}>"
 
 
+def timestamp_ms(name: str) -> int | None:
+    """Milliseconds of a tag name that is exactly one WebVTT timestamp (6.3, "collect a WebVTT
+    timestamp", to the end of the name), else None: ``mm:ss.ttt`` with minutes up to 59, or
+    ``h+:mm:ss.ttt``; minutes and seconds up to 59."""
+    m = _TIMESTAMP_RE.fullmatch(name)
+    if m is None:
+        return None
+    hours, minutes, seconds, millis = m.groups()
+    if int(minutes) > 59 or int(seconds) > 59 or (hours is not None and len(hours) > 15):
+        return None
+    return ((int(hours or 0) * 60 + int(minutes)) * 60 + int(seconds)) * 1000 + int(millis)
+
+
 def tags(text: str) -> list[Tag]:
-    """The timestamp tags of ``text``, in order, as the cue text tokenizer finds them: a tag
-    whose name starts with a digit, ending at ``>`` or at the end of the text, and valid only
-    if the whole name is one WebVTT timestamp (others are ignored, as by a browser)."""
+    """The timestamp tags of ``text``, in order, as the cue text tokenizer finds them: every
+    tag runs from ``<`` to ``>`` or the end of the text, and one whose name is exactly one
+    WebVTT timestamp is a timestamp (others are ignored, as by a browser)."""
+    if "<" not in text:
+        return []
     out: list[Tag] = []
-    pos = text.find("<")
-    while pos != -1:
-        if pos + 1 < len(text) and "0" <= text[pos + 1] <= "9":
-            close = text.find(">", pos + 1)
-            end = len(text) if close == -1 else close + 1
-            name = text[pos + 1: close if close != -1 else len(text)]
-            got = webvtt.collect_timestamp(name, 0)
-            if got is not None and got[1] == len(name) and got[0] < 2**53 / 1000:
-                out.append(Tag(round(got[0] * 1000), pos, end))
-            pos = end
-        pos = text.find("<", pos + 1)
+    for m in _MARKUP_RE.finditer(text):
+        name = m.group(1)
+        if "0" <= name[:1] <= "9":
+            ms = timestamp_ms(name)
+            if ms is not None:
+                out.append(Tag(ms, m.start(), m.end()))
     return out
 
 
@@ -81,8 +94,9 @@ def tag(text: str, words: Sequence[tuple[int, str]], start_ms: int, end_ms: int)
     out: list[str] = []
     cursor = 0
     last_ms = start_ms
+    markup = [(m.start(), m.end()) for m in _MARKUP_RE.finditer(text)] if "<" in text else []
     for i, (ms, word) in enumerate(words):
-        found = _find_word(text, word, cursor)
+        found = _find_word(text, word, cursor, markup)
         if found is None:
             raise WordTimingError(
                 f"words[{i}] {word[:40]!r} is not in the cue's text after the words before it")
@@ -97,27 +111,32 @@ def tag(text: str, words: Sequence[tuple[int, str]], start_ms: int, end_ms: int)
     return "".join(out)
 
 
-def _find_word(text: str, word: str, cursor: int) -> tuple[int, int] | None:
-    """Where ``word`` is next in ``text`` from ``cursor``, outside markup (the ``v`` of
+def _find_word(text: str, word: str, cursor: int,
+               markup: list[tuple[int, int]]) -> tuple[int, int] | None:
+    """Where ``word`` is next in ``text`` from ``cursor``, outside ``markup`` (the ``v`` of
     ``<v Anna>`` is no word): as a whole word if it is one there ("a" is not the a of "say"),
     else inside a longer one; as written or with ``&<>`` escaped."""
-    markup = [(m.start(), m.end()) for m in _MARKUP_RE.finditer(text)]
 
-    def first(pattern: str) -> int | None:
-        for m in re.finditer(pattern, text[cursor:]):
-            at = cursor + m.start()
+    def first(pattern: re.Pattern[str]) -> int | None:
+        for m in pattern.finditer(text, cursor):
+            at = m.start()
             if not any(b <= at < e for b, e in markup):
                 return at
         return None
 
     best: tuple[int, int] | None = None
     for form in dict.fromkeys((escape(word), word)):
-        at = first(r"(?<!\w)" + re.escape(form) + r"(?!\w)")
+        at = first(_whole_word(form))
         if at is None:
-            at = first(re.escape(form))
+            at = first(re.compile(re.escape(form)))
         if at is not None and (best is None or at < best[0]):
             best = (at, at + len(form))
     return best
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole_word(form: str) -> re.Pattern[str]:
+    return re.compile(r"(?<!\w)" + re.escape(form) + r"(?!\w)")
 
 
 def shift(text: str, delta_ms: int) -> str:
@@ -146,6 +165,8 @@ def cut(text: str, at_ms: int) -> str:
 
 def _plain(markup: str) -> str:
     """Cue text without its tags, entities decoded: what a viewer reads."""
+    if "<" not in markup and "&" not in markup:
+        return markup
     no_tags = _MARKUP_RE.sub("", markup)
     return _ENTITY_RE.sub(lambda m: _ENTITIES[m.group()], no_tags)
 
