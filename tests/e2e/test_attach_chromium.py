@@ -66,18 +66,18 @@ def measure(result: dict[str, Any]) -> tuple[list[float], float, list[dict[str, 
 
 def frame_of_callback(frames: list[dict[str, Any]]) -> Callable[[dict[str, Any]], int]:
     """The number of the frame each video frame callback was for, by its RTP timestamp (the
-    publisher's frame n has RTP time base + 3000 n at 30 fps). The number read off the canvas
-    is the frame the element holds when the callback draws it: under load the next one may be
-    there already (or, after a dropped callback, the one before), while the library placed the
-    cues for the frame of the callback's own metadata. Most frames read both the same; their
-    difference fixes the base."""
+    publisher's frame n has RTP time base + 3000 n at 30 fps, to a tick). The number read off
+    the canvas is the frame the element holds when the callback draws it: under load the next
+    one may be there already (or, after a dropped callback, the one before), while the library
+    placed the cues for the frame of the callback's own metadata. Most frames read both the
+    same; their difference fixes the base."""
     first = frames[0]["rtp"]
-    ticks = [((f["rtp"] - first) % 2**32) for f in frames]
-    assert all(t % RTP_TICKS_PER_FRAME == 0 for t in ticks), ticks[:10]
-    base = Counter(f["n"] - t // RTP_TICKS_PER_FRAME for f, t in zip(frames, ticks, strict=True))
+    # The sender rounds each frame's time to its RTP clock: within a tick or two of 3000 n.
+    steps = [round(((f["rtp"] - first) % 2**32) / RTP_TICKS_PER_FRAME) for f in frames]
+    base = Counter(f["n"] - k for f, k in zip(frames, steps, strict=True))
     offset, agreeing = base.most_common(1)[0]
     assert agreeing >= 0.9 * len(frames), base.most_common(3)
-    by_id = {id(f): offset + t // RTP_TICKS_PER_FRAME for f, t in zip(frames, ticks, strict=True)}
+    by_id = {id(f): offset + k for f, k in zip(frames, steps, strict=True)}
     return lambda f: by_id[id(f)]
 
 
