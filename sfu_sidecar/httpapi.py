@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -17,6 +18,7 @@ from sfu_sidecar.config import Settings
 from sfu_sidecar.cors import ALLOW_ORIGIN, REQUEST_METHOD, CorsPolicy
 from sfu_sidecar.exceptions import (
     AuthError,
+    BadInput,
     Forbidden,
     PayloadTooLarge,
     RemoteError,
@@ -265,6 +267,17 @@ async def read_body(request: web.Request, limit: int, setting: str = "max_body_b
             raise PayloadTooLarge(f"body exceeds {limit} bytes (setting {setting})")
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+async def read_json(request: web.Request, limit: int) -> Any:
+    """A JSON body (``application/json``, at most ``limit`` bytes), parsed; BadInput with the
+    parser's reason when it is not JSON."""
+    require_content_type(request, "application/json")
+    body = await read_body(request, limit)
+    try:
+        return json.loads(body)
+    except (ValueError, RecursionError) as exc:
+        raise BadInput(f"body is not JSON: {exc}") from None
 
 
 def json_ok(data: Any, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:

@@ -15,7 +15,6 @@ Routes: ``GET /api/streams/{stream}/sync``, ``GET /api/alerts``, ``GET /api/gpu`
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -25,7 +24,7 @@ from sfu_sidecar import __version__, logs
 from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound
-from sfu_sidecar.httpapi import json_ok, read_body, require_content_type, require_publish
+from sfu_sidecar.httpapi import json_ok, read_json, require_publish
 from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.probe import gpu
@@ -609,12 +608,7 @@ class ProbeService(RelayObserver):
     async def _gpu_report_route(self, request: web.Request) -> web.Response:
         require_publish(request, self.settings, "GPU reports")
         try:
-            require_content_type(request, "application/json")
-            body = await read_body(request, self.settings.max_body_bytes)
-            try:
-                obj = json.loads(body)
-            except (ValueError, RecursionError) as exc:
-                raise BadInput(f"body is not JSON: {exc}") from None
+            obj = await read_json(request, self.settings.max_body_bytes)
             report = AllocatorReport.parse(obj)
         except BadInput:
             self._bad("gpu_report")

@@ -23,7 +23,6 @@ source's (:mod:`sfu_sidecar.speech.dub`) and its lag reported with the dub's sta
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from sfu_sidecar.captions.events import Cue, CueRetract, SubscriptionLost
 from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound
-from sfu_sidecar.httpapi import json_ok, read_body, require_content_type, require_publish
+from sfu_sidecar.httpapi import json_ok, read_json, require_publish
 from sfu_sidecar.relay.hooks import PacketInfo, PublisherHandle, RelayObserver
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.speech.decode import OpusDecoder
@@ -434,12 +433,7 @@ class SpeechService(RelayObserver):
 
     async def _json_field(self, request: web.Request, key: str) -> object:
         """``key`` of a JSON object body (None when absent or not an object)."""
-        require_content_type(request, "application/json")
-        body = await read_body(request, self.settings.max_body_bytes)
-        try:
-            doc = json.loads(body)
-        except (ValueError, RecursionError) as exc:
-            raise BadInput(f"body is not JSON: {exc}") from None
+        doc = await read_json(request, self.settings.max_body_bytes)
         return doc.get(key) if isinstance(doc, dict) else None
 
     async def _align_get(self, request: web.Request) -> web.Response:
