@@ -17,12 +17,10 @@ import time
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.synthetic import FlashVideoTrack, PcmAudioTrack, Timeline
-from tests.conftest import free_port
-from tests.e2e.harness import LoopThread, serve_app
+from tests.e2e.harness import AppThread
 from tests.support import chromium, speech
 
 STREAM = "talk"
@@ -30,12 +28,9 @@ EARLY_NS = -300_000_000
 FIXED = "s1"
 
 
-class Service(LoopThread):
+class Service(AppThread):
     def __init__(self) -> None:
         super().__init__()
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.runner: web.AppRunner | None = None
         self.session: WhipSession | None = None
         self.said = speech.compose([(v, 160, speech.sentences_for(v)[i]) for i in range(2)
                                     for v in speech.VOICES[:2]], (0.9, 1.3, 0.7), lead_s=4.0,
@@ -43,7 +38,7 @@ class Service(LoopThread):
         self.timeline: Timeline | None = None
 
     async def _start(self) -> None:
-        self.runner = await serve_app(self.port, caption_align="snap")
+        await self.serve(caption_align="snap")
         self.timeline = Timeline.starting_now(time.time_ns)
         self.session = await publish(
             f"{self.base}/whip/{STREAM}",
@@ -70,11 +65,9 @@ class Service(LoopThread):
             body: dict[str, Any] = await resp.json()
             return {c["id"]: c for c in body["cues"]}
 
-    async def _stop(self) -> None:
+    async def _stop_peers(self) -> None:
         if self.session is not None:
             await self.session.close()
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 BOOK_JS = """() => Object.fromEntries([...window.sfuViewer.book.cues.values()]

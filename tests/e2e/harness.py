@@ -19,12 +19,13 @@ from sfu_sidecar.app import build_app
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import AUDIO_RATE, BeepAudioTrack, FlashVideoTrack, Timeline
-from tests.conftest import IN_PROCESS
+from tests.conftest import IN_PROCESS, free_port
 
 T = TypeVar("T")
 
 __all__ = [
-    "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "Broadcaster", "LoopThread", "PixelJudgement",
+    "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "AppThread", "Broadcaster", "LoopThread",
+    "PixelJudgement",
     "in_stored_cue", "judge_pixels", "serve_app",
 ]
 
@@ -72,6 +73,28 @@ async def serve_app(port: int, **settings: Any) -> web.AppRunner:
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
     return runner
+
+
+class AppThread(LoopThread):
+    """A loop thread whose ``_start`` serves the app (:meth:`serve`) at ``base`` on a free port;
+    ``_stop`` ends the probe's peers (:meth:`_stop_peers`), then the app."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.runner: web.AppRunner | None = None
+
+    async def serve(self, **settings: Any) -> None:
+        self.runner = await serve_app(self.port, **settings)
+
+    async def _stop_peers(self) -> None:
+        """Nothing but the app by default."""
+
+    async def _stop(self) -> None:
+        await self._stop_peers()
+        if self.runner is not None:
+            await self.runner.cleanup()
 
 
 # Defines window.readFrameNumber(video): the 20-bit number the synthetic source

@@ -23,12 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
 from tests.e2e.audio_output import MUTE_AUDIO, AudioOutput
-from tests.e2e.harness import Broadcaster, LoopThread, serve_app
+from tests.e2e.harness import AppThread, Broadcaster
 from tests.support import chromium
 
 STREAM = "live"
@@ -46,16 +45,13 @@ ARGS = [*(a for a in chromium.ARGS if not a.startswith("--autoplay-policy")),
 PLAYING_WITHIN_S = 8
 
 
-class Service(LoopThread):
+class Service(AppThread):
     def __init__(self) -> None:
         super().__init__()
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.runner: web.AppRunner | None = None
         self.broadcaster = Broadcaster(f"{self.base}/whip/{STREAM}")
 
     async def _start(self) -> None:
-        self.runner = await serve_app(self.port)
+        await self.serve()
         await self.broadcaster.publish()
         await self.post_cues()
 
@@ -72,10 +68,8 @@ class Service(LoopThread):
                                            "cues": cues}) as resp:
                     assert resp.status < 300, await resp.text()
 
-    async def _stop(self) -> None:
+    async def _stop_peers(self) -> None:
         await self.broadcaster.close()
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 def wait_for(page: Any, script: str, timeout_s: float) -> float:

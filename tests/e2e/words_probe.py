@@ -15,11 +15,9 @@ import time
 from typing import Any
 
 import aiohttp
-from aiohttp import web
 
 from sfu_sidecar.client.presenter import Said, TtsPresenter
-from tests.conftest import free_port
-from tests.e2e.harness import LoopThread, serve_app
+from tests.e2e.harness import AppThread
 from tests.support import chromium
 
 STREAM = "anchor"
@@ -28,16 +26,13 @@ SENTENCES = ("Good evening, and welcome to the late news.",
              "First, the north will see rain and strong winds.")
 
 
-class Service(LoopThread):
+class Service(AppThread):
     def __init__(self) -> None:
         super().__init__()
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.runner: web.AppRunner | None = None
         self.presenter: TtsPresenter | None = None
 
     async def _start(self) -> None:
-        self.runner = await serve_app(self.port)
+        await self.serve()
         self.presenter = TtsPresenter(self.base, STREAM, ice_addresses=("127.0.0.1",))
         await self.presenter.start()
 
@@ -51,11 +46,9 @@ class Service(LoopThread):
             body: dict[str, Any] = await resp.json()
             return body
 
-    async def _stop(self) -> None:
+    async def _stop_peers(self) -> None:
         if self.presenter is not None:
             await self.presenter.close()
-        if self.runner is not None:
-            await self.runner.cleanup()
 
 
 RECORDER_JS = """() => {
