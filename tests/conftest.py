@@ -42,7 +42,6 @@ TOOL_PACKAGES = {
     "turnserver": "coturn", "redis-server": "redis-server", "pulseaudio": "pulseaudio",
     "parec": "pulseaudio-utils", "pactl": "pulseaudio-utils", "server.js": "simple-whip-server",
     "certutil": "libnss3-tools", "podman": "podman", "runc": "runc", "debootstrap": "debootstrap",
-    "podman-compose": "podman-compose",
 }
 NOT_RUN = "NOT RUN: "
 

@@ -10,14 +10,13 @@ of this machine that the host and every container reach. Checked:
 - an aiortc publisher in Janus's VideoRoom, ``rtp_forward`` to a tap on the sidecar, and a
   viewer of the sidecar: every decoded frame's capture time within a frame of the publisher's
   true capture instant, and captions on the frames captured in their interval;
-- coturn comes up with the credentials the sidecar hands its clients;
+- coturn comes up with the credentials the sidecar hands its clients, and a viewer allowed
+  relay candidates only (a network that lets nothing but TURN through) gets the media;
 - the grandmaster locks the sidecar's house clock over PTP;
 - ``down`` leaves no container, and the test removes the network and volume it made.
 
-podman-compose 1.0.3 (Debian's) starts services of every profile, so ``ptp4l`` comes up too. The
-sidecar's PTP slave binds ports 319 and 320 as a non-root user: Docker lets it on its own
-networks (``net.ipv4.ip_unprivileged_port_start=0``), podman does not by default, so the test
-sets that sysctl for the stack's containers.
+podman-compose is the test extra's pinned release (Debian's 1.0.3 cannot run a service with
+``network_mode: host``, as coturn is); the test starts the ``ptp-lab`` profile too.
 """
 
 from __future__ import annotations
@@ -29,6 +28,7 @@ import re
 import secrets
 import statistics
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,13 +37,18 @@ from typing import Any
 import aiohttp
 import pytest
 from aioice import turn
-from aiortc import RTCSessionDescription
+from aiortc import (
+    RTCConfiguration,
+    RTCIceServer,
+    RTCIceTransportPolicy,
+    RTCSessionDescription,
+)
 
 from sfu_sidecar.relay import aiortc_adapter
 from sfu_sidecar.sync.wire import Cue, Epoch
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline
 from tests.conftest import ROOT
-from tests.relay.peers import client_pc, view, wait_for
+from tests.relay.peers import client_pc, frames, view, wait_for
 from tests.relay.test_cascade import caption_errors
 from tests.support import containers
 from tests.support.janus import JanusHttp, publish_in_videoroom
@@ -52,9 +57,11 @@ from tests.sync.test_channel import _mid, collect, decoded_frames
 # One lane with the image tests and the coturn test of tests/test_deploy.py: the stack
 # publishes the compose file's ICE and TURN relay port ranges on the host, where the image's
 # container and that test's coturn bind in the same ranges.
-pytestmark = [pytest.mark.needs("podman", "podman-compose", "debootstrap", "runc"),
+pytestmark = [pytest.mark.needs("podman", "debootstrap", "runc"),
               pytest.mark.timeout(1200), pytest.mark.xdist_group("compose-file-host-ports")]
 
+# The test extra's release, run by this interpreter (no PATH lookup).
+PODMAN_COMPOSE = (sys.executable, "-m", "podman_compose")
 TOKEN = "compose-publish-token"
 ROOM = 1234
 VIDEO_PT, AUDIO_PT = 100, 111
@@ -72,8 +79,8 @@ class Stack:
 
     def compose(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            ["podman-compose", "-p", self.project, "-f", str(ROOT / "docker-compose.yml"),
-             "--podman-run-args=--sysctl net.ipv4.ip_unprivileged_port_start=0", *args],
+            [*PODMAN_COMPOSE, "--in-pod", "false", "--profile", "ptp-lab", "-p", self.project,
+             "-f", str(ROOT / "docker-compose.yml"), *args],
             capture_output=True, text=True, timeout=timeout, env=self.env, cwd=ROOT)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         return proc
@@ -116,8 +123,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
               f"{time.monotonic() - started - images_s:.0f} s")
         yield s
     finally:
-        subprocess.run(["podman-compose", "-p", project, "-f", str(ROOT / "docker-compose.yml"),
-                        "down"], capture_output=True, timeout=300, env=env, cwd=ROOT)
+        subprocess.run([*PODMAN_COMPOSE, "--in-pod", "false", "--profile", "ptp-lab", "-p",
+                        project, "-f", str(ROOT / "docker-compose.yml"), "down"],
+                       capture_output=True, timeout=300, env=env, cwd=ROOT)
         for name in s.left():
             containers.podman("rm", "-f", "-v", name, check=False, runtime=True)
         containers.podman("network", "rm", "-f", f"{project}_default", check=False)
@@ -256,6 +264,48 @@ async def test_janus_forwards_to_a_sidecar_tap_and_its_viewer_sees_captions_on_t
     assert 0 <= median <= FRAME_NS / 2 and p95 <= FRAME_NS, (median, p95)
     # Each cue first shown on a frame truly captured within a frame of its start.
     assert len(errors) == len(ids) and all(-FRAME_NS <= e <= FRAME_NS for e in errors), errors
+
+
+async def test_a_viewer_limited_to_coturn_relays_gets_the_media(stack: Stack) -> None:
+    """A viewer whose network lets nothing through but TURN (relay candidates only) reaches the
+    sidecar through the stack's coturn, with the credentials the sidecar hands out."""
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    timeline = Timeline.starting_now(time.time_ns)
+    publisher = client_pc()
+    publisher.addTransceiver(BeepAudioTrack(timeline), direction="sendonly")
+    publisher.addTransceiver(FlashVideoTrack(timeline), direction="sendonly")
+    aiortc_adapter.install_ice(publisher, (stack.gateway,), None)
+    async with aiohttp.ClientSession() as http:
+        await until_ok(http, stack.sidecar + "/healthz")
+        try:
+            await publisher.setLocalDescription(await publisher.createOffer())
+            async with http.post(stack.sidecar + "/whip/turned",
+                                 data=publisher.localDescription.sdp,
+                                 headers={**auth, "Content-Type": "application/sdp"}) as resp:
+                answer = await resp.text()
+                assert resp.status == 201, answer
+                links = resp.headers.getall("Link", [])
+            await publisher.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+            (link,) = [x for x in links if x.startswith("<turn:")]
+            fields = dict(re.findall(r'(\w+)="([^"]*)"', link))
+            relay_only = RTCConfiguration(
+                iceServers=[RTCIceServer(link[1:link.index(">")], fields["username"],
+                                         fields["credential"])],
+                iceTransportPolicy=RTCIceTransportPolicy.RELAY)
+            viewer = await view(http, stack.sidecar, "turned", ice_addresses=None,
+                                configuration=relay_only)
+            try:
+                await wait_for(lambda: "video" in viewer.tracks, 30, "the viewer's video")
+                decoded = await frames(viewer.tracks["video"], 30, 20)
+                pairs = aiortc_adapter.selected_candidates(viewer.pc)
+            finally:
+                await viewer.close()
+        finally:
+            await publisher.close()
+    print(f"through coturn: {len(decoded)} frames decoded over {pairs}")
+    assert len(decoded) == 30
+    # One bundled transport, sending from a relay coturn allocated on PUBLIC_IP.
+    assert [p[:2] for p in pairs] == [("relay", stack.gateway)], pairs
 
 
 async def test_the_ptp_lab_grandmaster_locks_the_sidecars_house_clock(stack: Stack) -> None:

@@ -71,6 +71,7 @@ __all__ = [
     "on_rtcp",
     "on_rtp",
     "rtp_sender",
+    "selected_candidates",
     "sender_ssrcs",
     "set_consent_timeout",
     "silence_sender",
@@ -392,6 +393,19 @@ def ice_socknames(pc: RTCPeerConnection) -> list[tuple[str, int]]:
     for dtls in dtls_transports(pc):
         for protocol in dtls.transport.iceGatherer._connection._protocols:
             out.append(tuple(protocol.transport.get_extra_info("sockname")[:2]))
+    return out
+
+
+def selected_candidates(pc: RTCPeerConnection) -> list[tuple[str, str, int, str, str, int]]:
+    """The candidate pair each transport sends on (local type, host, port, then the remote's):
+    what RTCIceTransport.getSelectedCandidatePair() would give, which aiortc does not have."""
+    out = []
+    for dtls in dtls_transports(pc):
+        pair = dtls.transport._connection._nominated.get(1)
+        if pair is not None:
+            local, remote = pair.local_candidate, pair.remote_candidate
+            out.append((local.type, local.host, local.port, remote.type, remote.host,
+                        remote.port))
     return out
 
 
