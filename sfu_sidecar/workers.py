@@ -16,8 +16,9 @@ under ``worker-<i>``), and forwards every request to one of them:
 - A session's later requests (trickle ``PATCH``, ``DELETE``) and a tap's, feed's or push's go
   to the worker that made it (learned from the ``Location`` of its ``201``).
 - ``/healthz`` answers for the whole (``503`` while a worker is down), ``/api/workers`` lists
-  the workers, ``/api/streams`` merges theirs, and ``/workers/<i>/<path>`` reaches worker i
-  directly (its ``/metrics``, ``/api/sync``). Everything else goes to worker 0.
+  the workers, ``/api/streams`` merges theirs, ``/metrics`` is every worker's labelled
+  ``worker`` with the supervisor's own (``workermetrics.py``), and ``/workers/<i>/<path>``
+  reaches worker i directly (its ``/api/sync``). Everything else goes to worker 0.
 
 A worker that exits is started again on the same port (backoff 0.5 s doubling to 5 s). Its
 viewers lose their sessions and reconnect like after any server restart; what it published
@@ -52,6 +53,7 @@ from typing import Any
 
 import aiohttp
 from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from sfu_sidecar import listeners, logs
 from sfu_sidecar.app import install_event_loop_policy
@@ -60,6 +62,7 @@ from sfu_sidecar.exceptions import ConfigError
 from sfu_sidecar.httpapi import CLIENT_HEADER, PROXY_KEY_HEADER
 from sfu_sidecar.lifecycle import stop_on_signals
 from sfu_sidecar.listeners import install_hsts
+from sfu_sidecar.workermetrics import SupervisorMetrics, merge
 
 log = logs.get("workers")
 
@@ -114,6 +117,7 @@ class Supervisor:
     # Room for "-worker-<i>" within the 64 characters a node id may have.
     machine: str = ""
     _next_viewer: int = 0
+    metrics: SupervisorMetrics | None = None
     _http: aiohttp.ClientSession | None = None
     _stopping: bool = False
     # Handlers relaying a streamed answer (a live caption push lasts while its client listens):
@@ -357,6 +361,8 @@ class Supervisor:
             return _json(200, None, {}, {"workers": await self._status()})
         if request.path == "/api/streams" and request.method == "GET":
             return await self._merged_streams()
+        if request.path == "/metrics" and request.method == "GET":
+            return await self._merged_metrics(request)
         if parts[0] == "workers" and len(parts) >= 2:
             try:
                 worker = self.workers[int(parts[1])]
@@ -400,6 +406,26 @@ class Supervisor:
             for s in (doc or {}).get("streams", []):
                 streams.append({**s, "worker": w.index})
         return _json(200, None, {}, {"streams": streams})
+
+    async def _merged_metrics(self, request: web.Request) -> web.Response:
+        assert self._http is not None
+        if self.metrics is None:
+            self.metrics = SupervisorMetrics(len(self.workers))
+        self.metrics.observe([w.alive for w in self.workers],
+                             [w.restarts for w in self.workers])
+        texts = []
+        for w in self.workers:
+            if not w.alive:
+                continue  # its series are absent, and workers_alive says why
+            with contextlib.suppress(aiohttp.ClientError, OSError, TimeoutError):
+                async with self._http.get(f"{w.base}/metrics", headers=self._headers(request),
+                                          timeout=aiohttp.ClientTimeout(total=5)) as resp:
+                    if resp.status == 200:
+                        texts.append((w.index, await resp.text()))
+        body, unreadable = merge(texts, self.metrics.registry)
+        for index in unreadable:
+            log.warning("worker %d's /metrics did not parse; left out of /metrics", index)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def directory(self, request: web.Request) -> web.Response:
         """For the workers: the home of a stream (``HttpDirectory`` reads it)."""
@@ -475,7 +501,8 @@ async def supervise(settings: Settings, count: int, argv: Sequence[str]) -> None
     listening = None
     try:
         await supervisor.start()
-        listening = await listeners.start(runner, settings)
+        supervisor.metrics = SupervisorMetrics(count)
+        listening = await listeners.start(runner, settings, registry=supervisor.metrics.registry)
         log.info("listening on %s with %d workers", ", ".join(listening.urls), count)
         if listening.reloader is not None:
             log.info("serving the certificate %s", listening.reloader.certificate.describe())

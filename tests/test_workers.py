@@ -12,6 +12,7 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -20,6 +21,8 @@ from typing import Any
 
 import aiohttp
 import pytest
+from cryptography import x509
+from prometheus_client.parser import text_string_to_metric_families
 
 from sfu_sidecar.sync.wire import Cue
 from sfu_sidecar.workers import home_index
@@ -394,10 +397,12 @@ async def test_live_captions_and_a_segment_being_made_stream_through_the_supervi
 
 
 @pytest.mark.system
+@pytest.mark.needs("promtool")
 def test_the_supervisor_serves_https_and_its_workers_stay_on_loopback_http(
         tmp_path: Path) -> None:
     """With a certificate, the one port speaks HTTPS (here beside plain HTTP on another): the
-    supervisor terminates TLS and sends HSTS; its workers get neither and answer through it."""
+    supervisor terminates TLS and sends HSTS; its workers get neither and answer through it.
+    Its /metrics has the certificate's expiry beside every worker's series."""
     import ssl
     import urllib.request
 
@@ -405,7 +410,8 @@ def test_the_supervisor_serves_https_and_its_workers_stay_on_loopback_http(
     from tests.support.certs import TestCA
 
     ca = TestCA()
-    cert, key = ca.issue("127.0.0.1").write(tmp_path)
+    issued = ca.issue("127.0.0.1")
+    cert, key = issued.write(tmp_path)
     https_port = free_port()
     server = ServerProcess(["--workers", "2", "--data-dir", str(tmp_path / "data"),
                             "--ice-addresses", "127.0.0.1", "--tls-cert", str(cert),
@@ -419,6 +425,21 @@ def test_the_supervisor_serves_https_and_its_workers_stay_on_loopback_http(
             assert resp.headers["Strict-Transport-Security"] == "max-age=300"
             workers = json.loads(resp.read())["workers"]
         assert len(workers) == 2 and all(w["alive"] for w in workers), workers
+        # /metrics: the certificate's metrics, which only the supervisor has, beside every
+        # worker's series labelled with its index.
+        with urllib.request.urlopen(f"https://127.0.0.1:{https_port}/metrics",
+                                    context=context, timeout=5) as resp:
+            exposition = resp.read().decode()
+        families = {f.name: f for f in text_string_to_metric_families(exposition)}
+        (expiry,) = families["sfu_sidecar_tls_certificate_expiry_timestamp_seconds"].samples
+        not_after = x509.load_pem_x509_certificate(issued.cert_pem).not_valid_after_utc
+        assert expiry.value == not_after.timestamp(), expiry
+        assert families["sfu_sidecar_workers_alive"].samples[0].value == 2
+        uptime = families["sfu_sidecar_uptime_seconds"].samples
+        assert sorted(s.labels["worker"] for s in uptime) == ["0", "1"], uptime
+        proc = subprocess.run(["promtool", "check", "metrics"], input=exposition,
+                              capture_output=True, text=True, timeout=30)
+        assert proc.returncode == 0 and not (proc.stdout + proc.stderr).strip(), proc
         # Each worker listens in plain HTTP on loopback, where the supervisor reaches it.
         for worker in workers:
             with urllib.request.urlopen(f"http://127.0.0.1:{worker['port']}/healthz",
