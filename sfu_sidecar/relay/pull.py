@@ -35,8 +35,8 @@ from aiortc.rtcdatachannel import RTCDataChannel
 from websockets.exceptions import InvalidHandshake
 
 from sfu_sidecar import logs
-from sfu_sidecar.client.clock import HouseClock, join_clock
 from sfu_sidecar.clock.exchange import ClockReport
+from sfu_sidecar.clock.join import HouseClock, join_clock
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import (
     AtCapacity,

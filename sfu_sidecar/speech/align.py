@@ -26,7 +26,7 @@ from enum import StrEnum
 
 import numpy as np
 
-from sfu_sidecar.probe.stats import theil_sen
+from sfu_sidecar.estimators import theil_sen
 from sfu_sidecar.speech.segments import SpeechSegment
 
 S = 1_000_000_000
