@@ -92,7 +92,7 @@ class Pipeline:
         from sfu_sidecar.relay import RelayService
         from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutput
         from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME
-        from sfu_sidecar.sync.channel import SyncService
+        from sfu_sidecar.syncchannel.service import SyncService
 
         settings = load_settings({"data_dir": tempfile.mkdtemp(prefix="sfu-bench-")})
         metrics = Metrics()

@@ -37,7 +37,7 @@ from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.segments import routes as segment_routes
 from sfu_sidecar.segments.service import SegmentService
 from sfu_sidecar.speech.service import SpeechService
-from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.webfiles import WEB_DIR
 
 log = logs.get("app")

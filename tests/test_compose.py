@@ -52,7 +52,7 @@ from tests.relay.peers import client_pc, frames, view, wait_for
 from tests.relay.test_cascade import caption_errors
 from tests.support import containers
 from tests.support.janus import JanusHttp, publish_in_videoroom
-from tests.sync.test_channel import _mid, collect, decoded_frames
+from tests.syncchannel.test_service import _mid, collect, decoded_frames
 
 # One lane with the image tests and the coturn test of tests/test_deploy.py: the stack
 # publishes the compose file's ICE and TURN relay port ranges on the host, where the image's

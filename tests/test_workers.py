@@ -29,7 +29,7 @@ from sfu_sidecar.workers import home_index
 from tests.conftest import ServerProcess
 from tests.relay.peers import view, wait_for
 from tests.relay.test_cascade import capture_errors, post_cue
-from tests.sync.test_channel import _mid, collect, decoded_frames, start_publisher
+from tests.syncchannel.test_service import _mid, collect, decoded_frames, start_publisher
 
 pytestmark = pytest.mark.timeout(150)
 

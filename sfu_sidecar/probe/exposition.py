@@ -25,7 +25,7 @@ from sfu_sidecar.probe.alerts import Alerts
 from sfu_sidecar.probe.gpu import GpuSample, Renderers
 from sfu_sidecar.probe.stats import BucketCounts, Cause
 from sfu_sidecar.probe.streams import StreamProbe
-from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.relay.hooks import RelayView
 from sfu_sidecar.speech.service import SpeechService
 
 STREAM_LABELS = 32
@@ -93,7 +93,7 @@ class ProbeState(Protocol):
     """What the collector reads of the probe (``ProbeService`` is one)."""
 
     @property
-    def relay(self) -> RelayService: ...
+    def relay(self) -> RelayView: ...
     @property
     def streams(self) -> Mapping[str, StreamProbe]: ...
     @property
@@ -138,16 +138,15 @@ class ProbeCollector(Collector):
         plis_in = counter("stream_keyframe_requests_received",
                           "PLI/FIR received from viewers", ["stream", "kind"])
         relay: dict[tuple[str, str], list[int]] = {}
-        for stream in list(p.relay.streams.by_name.values()):
-            nacked = {t.kind: t.nack.nacked for t in stream.publisher.tracks
-                      if t.nack is not None} if stream.publisher is not None else {}
-            for kind, fw in stream.forwarders.items():
-                row = relay.setdefault((label(stream.name), kind), [0, 0, 0, 0, 0])
-                row[0] += fw.octets_in
-                row[1] += sum(o.octets_sent for o in fw.outputs)
-                row[2] += sum(o.nacks_received for o in fw.outputs)
-                row[3] += nacked.get(kind, 0)
-                row[4] += sum(o.keyframe_requests for o in fw.outputs)
+        for name in p.relay.stream_names():
+            stream = p.relay.stream(name)
+            for kind, t in (stream.traffic() if stream is not None else {}).items():
+                row = relay.setdefault((label(name), kind), [0, 0, 0, 0, 0])
+                row[0] += t.octets_in
+                row[1] += t.octets_out
+                row[2] += t.nacks_received
+                row[3] += t.nacks_sent
+                row[4] += t.keyframe_requests
         for key, row in sorted(relay.items()):
             for family, value in zip((bytes_in, bytes_out, nacks_in, nacks_out, plis_in), row,
                                      strict=True):

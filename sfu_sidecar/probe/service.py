@@ -46,14 +46,14 @@ from sfu_sidecar.relay.hooks import (
     DataChannel,
     PacketInfo,
     RelayObserver,
+    RelayView,
     ReportBlock,
     ViewerHandle,
 )
-from sfu_sidecar.relay.routes import STREAM_PATTERN
-from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.speech.service import NO_AUDIO, SpeechService
-from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.streamname import ROUTE_VARIABLE as STREAM_PATTERN
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
+from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.tasks import Tasks
 from sfu_sidecar.webfiles import WEB_DIR
 
@@ -133,7 +133,7 @@ class ProbeService(RelayObserver):
     def __init__(
         self,
         settings: Settings,
-        relay: RelayService,
+        relay: RelayView,
         metrics: Metrics,
         *,
         now_ns: Callable[[], int],
@@ -411,7 +411,7 @@ class ProbeService(RelayObserver):
     def tick(self, now: int) -> dict[str, Any]:
         """Evaluate every alert and push one snapshot to the dashboards; returns it."""
         clock = self._clock_alerts(now)
-        relayed = self.relay.streams.by_name
+        relayed = set(self.relay.stream_names())
         for name, sp in list(self.streams.items()):
             if name not in relayed and not sp.viewers:
                 self._forget(name, now)
@@ -470,17 +470,17 @@ class ProbeService(RelayObserver):
         return _r(capture_skew_ms(audio.fit.model(), video.fit.model(), now))
 
     def _bitrates(self, name: str) -> dict[str, int]:
-        relayed = self.relay.streams.by_name.get(name)
+        relayed = self.relay.stream(name)
         if relayed is None or relayed.publisher is None:
             return {}
-        return {t.kind: round(t.bitrate_bps) for t in relayed.publisher.tracks}
+        return {kind: round(bps) for kind, bps in relayed.publisher.bitrates_bps().items()}
 
     def snapshot(self, now: int, clock: dict[str, Any] | None = None) -> dict[str, Any]:
         """One dashboard tick: every stream's figures, the clock, the GPUs, the alerts."""
         events, self._events = self._events, []
         streams = {}
         for name, sp in self.streams.items():
-            relayed = self.relay.streams.by_name.get(name)
+            relayed = self.relay.stream(name)
             tracks = {}
             for kind, t in sp.track_stats.items():
                 m = t.fit.model()
@@ -497,7 +497,7 @@ class ProbeService(RelayObserver):
             assert isinstance(rr, dict)
             streams[name] = {
                 "publisher": relayed is not None and relayed.publisher is not None,
-                "viewers": len(relayed.viewers) if relayed is not None else len(sp.viewers),
+                "viewers": relayed.viewer_count if relayed is not None else len(sp.viewers),
                 "bitrate_bps": self._bitrates(name),
                 "tracks": tracks,
                 "publisher_av_skew_ms": self._publisher_skew(sp, now),
@@ -554,7 +554,7 @@ class ProbeService(RelayObserver):
     def stream_status(self, name: str, now: int) -> dict[str, Any]:
         """``GET /api/streams/{stream}/sync``: every statistic per track, and the viewers."""
         sp = self.streams.get(name) or StreamProbe(name)
-        relayed = self.relay.streams.by_name.get(name)
+        relayed = self.relay.stream(name)
         publisher = relayed.publisher if relayed is not None else None
         bitrates = self._bitrates(name)
         tracks = {kind: {**t.summary(), "bitrate_bps": bitrates.get(kind)}
@@ -590,7 +590,7 @@ class ProbeService(RelayObserver):
 
     async def _stream_route(self, request: web.Request) -> web.Response:
         name = request.match_info["stream"]
-        if name not in self.streams and name not in self.relay.streams.by_name:
+        if name not in self.streams and self.relay.stream(name) is None:
             raise NotFound(f"no stream {name}")
         return json_ok(self.stream_status(name, self.now_ns()))
 

@@ -22,6 +22,10 @@ How to use it::
 
     relay.add_observer(SyncFeed())
 
+Features also read the relay, never change it, through :class:`RelayView` (streams, their
+publisher and traffic, keyframe requests, an edge's pulls). Only the app holds the relay's
+service itself.
+
 * :class:`PacketInfo` carries the publisher's original RTP timestamp, marker and keyframe flags,
   the payload as sent (the live segments rebuild frames from it), the arrival time (house time,
   from the relay's ``now_ns``) and every header extension the publisher sent, raw, keyed by URI
@@ -36,7 +40,7 @@ How to use it::
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,11 +59,15 @@ __all__ = [
     "PacketObserver",
     "PacketWriter",
     "PublisherHandle",
+    "PublisherView",
     "RelayObserver",
+    "RelayView",
     "ReportBlock",
     "RequestKeyframe",
     "SenderReport",
     "SenderReportRewriter",
+    "StreamView",
+    "TrackTraffic",
     "ViewerHandle",
     "ViewerTrack",
 ]
@@ -217,3 +225,96 @@ class RelayObserver:
         """A report block the viewer sent about its ``kind`` track (RTCP RR or SR, about once
         a second): loss and RFC 3550 interarrival jitter as the viewer measures them, the
         jitter in the track's clock units."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrackTraffic:
+    """One track of a stream, counted since the stream began (all its viewers together)."""
+
+    octets_in: int
+    octets_out: int
+    nacks_received: int  # from viewers
+    nacks_sent: int  # to the publisher
+    keyframe_requests: int  # PLI/FIR from viewers
+
+
+class PublisherView(PublisherHandle, Protocol):
+    """A stream's publisher, read-only: what features show and decide on."""
+
+    @property
+    def state(self) -> str: ...
+
+    @property
+    def live(self) -> bool:
+        """Connected at least once and not ended."""
+        ...
+
+    @property
+    def upstream_live(self) -> bool:
+        """False while the source says it has nothing to send (a pull whose upstream lost
+        its publisher)."""
+        ...
+
+    @property
+    def relayed(self) -> bool:
+        """Capture times on a clock joined to this node's, the epoch from upstream (a pull)."""
+        ...
+
+    @property
+    def sender_clock_is_house(self) -> bool:
+        """The sender's reports are declared on the house clock (exact capture times)."""
+        ...
+
+    def bitrates_bps(self) -> Mapping[str, float]:
+        """Each track's receive bitrate by kind."""
+        ...
+
+
+class StreamView(Protocol):
+    """One stream the relay carries, read-only."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def publisher(self) -> PublisherView | None: ...
+
+    @property
+    def viewer_count(self) -> int: ...
+
+    def codec(self, kind: str) -> str | None:
+        """The negotiated codec of the stream's ``kind`` track, lower case (``vp8``, ``opus``)."""
+        ...
+
+    def traffic(self) -> Mapping[str, TrackTraffic]:
+        """Counts per track kind."""
+        ...
+
+
+class RelayView(Protocol):
+    """The relay as features see it: observers, streams read-only, and the few requests a
+    feature may make of it."""
+
+    def add_observer(self, observer: RelayObserver) -> None: ...
+
+    def stream(self, name: str) -> StreamView | None: ...
+
+    def stream_names(self) -> Sequence[str]: ...
+
+    def request_keyframe(self, stream: str, kind: str = "video") -> bool:
+        """Ask the stream's publisher for a keyframe (throttled as viewers' requests are)."""
+        ...
+
+    @property
+    def is_edge(self) -> bool:
+        """Streams not published here are pulled from an origin."""
+        ...
+
+    async def ensure_stream(self, name: str) -> None:
+        """On an edge, return once ``name`` is pulled here (raises the upstream's refusal)."""
+        ...
+
+    def add_interest(self, wants: Callable[[str], bool]) -> None:
+        """On an edge, keep a stream's pull while ``wants(stream)`` is true, as while it has
+        viewers (a reader other than the relay's viewers: the live segments)."""
+        ...

@@ -118,6 +118,26 @@ class RelayService:
     def add_observer(self, observer: RelayObserver) -> None:
         self.observers.append(observer)
 
+    # --- RelayView (relay/hooks.py): what features read and ask ------------------------------
+
+    def stream(self, name: str) -> Stream | None:
+        return self.streams.by_name.get(name)
+
+    def stream_names(self) -> list[str]:
+        return list(self.streams.by_name)
+
+    @property
+    def is_edge(self) -> bool:
+        return self.cascade is not None
+
+    async def ensure_stream(self, name: str) -> None:
+        if self.cascade is not None:
+            await self.cascade.ensure(name)
+
+    def add_interest(self, wants: Callable[[str], bool]) -> None:
+        if self.cascade is not None:
+            self.cascade.add_interest(wants)
+
     def request_keyframe(self, stream: str, kind: str = "video") -> bool:
         """Ask ``stream``'s publisher for a keyframe (throttled per track, as viewers' PLIs).
         True when a request went out; False for an unknown stream or while throttled."""

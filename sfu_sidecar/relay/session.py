@@ -307,6 +307,13 @@ class PublisherSource(_SessionBase):
         return self.receiver.tracks
 
     @property
+    def live(self) -> bool:
+        return self.connected_once and not self.closed.is_set()
+
+    def bitrates_bps(self) -> dict[str, float]:
+        return {t.kind: t.bitrate_bps for t in self.tracks}
+
+    @property
     def relayed(self) -> bool:
         """Whether capture times arrive on a clock joined to this node's and the stream's
         epoch comes from upstream (a pull from another sidecar), not from this node."""

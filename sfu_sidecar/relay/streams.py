@@ -12,7 +12,7 @@ from typing import Any
 from sfu_sidecar import logs
 from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
-from sfu_sidecar.relay.hooks import RequestKeyframe
+from sfu_sidecar.relay.hooks import RequestKeyframe, TrackTraffic
 from sfu_sidecar.relay.sdp import CodecInfo
 from sfu_sidecar.relay.session import PublisherSource, ViewerSink
 
@@ -106,6 +106,30 @@ class Stream:
     def _maybe_empty(self) -> None:
         if self.publisher is None and not self.viewers and self._on_empty is not None:
             self._on_empty(self)
+
+    # --- StreamView (relay/hooks.py): what features read -------------------------------------
+
+    @property
+    def viewer_count(self) -> int:
+        return len(self.viewers)
+
+    def codec(self, kind: str) -> str | None:
+        found = self.codecs.get(kind)
+        return found.name.lower() if found is not None else None
+
+    def traffic(self) -> dict[str, TrackTraffic]:
+        nacked = {t.kind: t.nack.nacked for t in self.publisher.tracks
+                  if t.nack is not None} if self.publisher is not None else {}
+        return {
+            kind: TrackTraffic(
+                octets_in=fw.octets_in,
+                octets_out=sum(o.octets_sent for o in fw.outputs),
+                nacks_received=sum(o.nacks_received for o in fw.outputs),
+                nacks_sent=nacked.get(kind, 0),
+                keyframe_requests=sum(o.keyframe_requests for o in fw.outputs),
+            )
+            for kind, fw in self.forwarders.items()
+        }
 
     def status(self) -> dict[str, Any]:
         return {

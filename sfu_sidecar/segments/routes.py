@@ -26,10 +26,10 @@ from sfu_sidecar import logs
 from sfu_sidecar.captions.chunks import CLOSE_GRACE_MS
 from sfu_sidecar.exceptions import NotFound
 from sfu_sidecar.httpapi import json_ok, require_bearer
-from sfu_sidecar.relay.routes import STREAM_PATTERN
 from sfu_sidecar.segments import hls
 from sfu_sidecar.segments.segmenter import StreamSegmenter
 from sfu_sidecar.segments.service import SegmentService
+from sfu_sidecar.streamname import ROUTE_VARIABLE as STREAM_PATTERN
 
 __all__ = ["IMMUTABLE", "add_routes"]
 
@@ -48,9 +48,9 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
         require_bearer(request, service.settings.view_token, "viewing")
         stream = request.match_info["stream"]
         found = service.reader(stream)
-        if found is None and service.relay.cascade is not None:
+        if found is None and service.relay.is_edge:
             # An edge: pull it (raises the upstream's refusal: 404, 503, 508), then segment.
-            await service.relay.cascade.ensure(stream)
+            await service.relay.ensure_stream(stream)
             found = service.reader(stream)
         if found is None:
             raise NotFound(f"no stream {stream}")
@@ -141,9 +141,9 @@ def add_routes(app: web.Application, service: SegmentService) -> None:
     def refuse_other_codecs(seg: StreamSegmenter) -> None:
         # The first keyframe fixes the codec; before it, the publisher's negotiated one tells.
         codec: str | None = seg.video_codec if seg.video is not None else None
-        relay_stream = service.relay.streams.by_name.get(seg.stream)
-        if codec is None and relay_stream is not None and "video" in relay_stream.codecs:
-            codec = relay_stream.codecs["video"].name.lower()
+        relay_stream = service.relay.stream(seg.stream)
+        if codec is None and relay_stream is not None:
+            codec = relay_stream.codec("video")
         if codec is not None and codec != "h264":
             # 404, not 415 or 406: those answer a request's own body or Accept header, and
             # here the resource itself does not exist for this stream.

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 from sfu_sidecar import logs
 from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.config import Settings
-from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver
-from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.relay.hooks import PacketInfo, RelayObserver, RelayView
 from sfu_sidecar.segments.depacketize import (
     H264Depacketizer,
     OpusDepacketizer,
@@ -25,7 +24,7 @@ from sfu_sidecar.segments.depacketize import (
 )
 from sfu_sidecar.segments.segmenter import StreamSegmenter
 from sfu_sidecar.segments.vp9 import Vp9Depacketizer
-from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.tasks import Tasks
 
 __all__ = ["SegmentService"]
@@ -69,7 +68,7 @@ class SegmentService(RelayObserver):
     def __init__(
         self,
         settings: Settings,
-        relay: RelayService,
+        relay: RelayView,
         sync: SyncService,
         captions: CaptionService,
         *,
@@ -87,9 +86,8 @@ class SegmentService(RelayObserver):
 
     async def start(self) -> None:
         self.relay.add_observer(self)
-        if self.relay.cascade is not None:
-            # On an edge a pull lasts while its segments are read, as while it has viewers.
-            self.relay.cascade.add_interest(lambda stream: stream in self.live)
+        # On an edge a pull lasts while its segments are read, as while it has viewers.
+        self.relay.add_interest(lambda stream: stream in self.live)
         if self.sweep_s is not None:
             self._tasks.start("sweep", self._sweep_loop(self.sweep_s))
 
@@ -140,7 +138,8 @@ class SegmentService(RelayObserver):
         now = self.now_ns()
         live = self.live.get(stream)
         if live is None:
-            if stream not in self.relay.streams.by_name:
+            relay_stream = self.relay.stream(stream)
+            if relay_stream is None:
                 return None
             segmenter = StreamSegmenter(
                 stream,
@@ -152,13 +151,11 @@ class SegmentService(RelayObserver):
             )
             # The container follows the video codec; known before the first packet when the
             # publisher has negotiated, so the index names it from the first request.
-            codecs = self.relay.streams.by_name[stream].codecs
-            video, audio = codecs.get("video"), codecs.get("audio")
-            if video is not None and video.name.lower() == "h264":
+            if relay_stream.codec("video") == "h264":
                 segmenter.video_codec = "h264"
             # Its audio too, so the first init segment has the track even when the first
             # keyframe comes before the first audio packet.
-            if audio is not None and audio.name.lower() == "opus":
+            if relay_stream.codec("audio") == "opus":
                 segmenter.add_audio_track("opus", 48000, 2)
             live = self.live[stream] = _Live(segmenter, now)
             segmenter.on_change = live.changed
@@ -202,9 +199,8 @@ class SegmentService(RelayObserver):
     def _depacketizer(
         self, stream: str, live: _Live, kind: str
     ) -> Depacketizer | None:
-        relay_stream = self.relay.streams.by_name.get(stream)
-        codec = relay_stream.codecs.get(kind) if relay_stream is not None else None
-        name = codec.name.lower() if codec is not None else ""
+        relay_stream = self.relay.stream(stream)
+        name = (relay_stream.codec(kind) if relay_stream is not None else None) or ""
         segmenter = live.segmenter
         # The container follows the video codec, fixed by the first keyframe; a later publisher
         # with another codec cannot continue these segments.

@@ -36,8 +36,7 @@ from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import BadInput, NotFound
 from sfu_sidecar.httpapi import json_ok, read_json, require_publish
-from sfu_sidecar.relay.hooks import PacketInfo, PublisherHandle, RelayObserver
-from sfu_sidecar.relay.service import RelayService
+from sfu_sidecar.relay.hooks import PacketInfo, PublisherHandle, RelayObserver, RelayView
 from sfu_sidecar.speech.decode import OpusDecoder
 from sfu_sidecar.speech.detector import SpeechDetector
 from sfu_sidecar.speech.dub import DubLagMeter, DubReport
@@ -45,7 +44,7 @@ from sfu_sidecar.speech.lag import CaptionLagMeter, CueLag, LagReport, Outcome
 from sfu_sidecar.speech.segments import SpeechSegment
 from sfu_sidecar.speech.vad import make_vad
 from sfu_sidecar.streamname import ROUTE_VARIABLE, RULE, is_stream_name
-from sfu_sidecar.sync.channel import SyncService
+from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.tasks import Tasks
 
 log = logs.get("speech")
@@ -125,7 +124,7 @@ class SpeechService(RelayObserver):
     def __init__(
         self,
         settings: Settings,
-        relay: RelayService,
+        relay: RelayView,
         sync: SyncService,
         captions: CaptionService | None,
         *,
@@ -198,9 +197,8 @@ class SpeechService(RelayObserver):
         """A new audio SSRC (a publisher came, or came back): a fresh decoder and detector."""
         if ss.track is not None:
             self._end_track(ss)
-        relayed = self.relay.streams.by_name.get(ss.name)
-        codec = relayed.codecs.get("audio") if relayed is not None else None
-        name = codec.name.lower() if codec is not None else ""
+        relayed = self.relay.stream(ss.name)
+        name = (relayed.codec("audio") if relayed is not None else None) or ""
         if name != "opus":
             if ss.reason != f"audio codec {name or 'unknown'} is not decoded":
                 log.warning("stream %s: audio codec %s not decoded: no speech figures",
@@ -238,7 +236,7 @@ class SpeechService(RelayObserver):
 
     def tick(self) -> None:
         """Decode and listen to everything queued; settle the cues the audio now decides."""
-        relayed = self.relay.streams.by_name
+        relayed = set(self.relay.stream_names())
         for name, ss in list(self.streams.items()):
             track = ss.track
             if track is not None:

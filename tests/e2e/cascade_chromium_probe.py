@@ -199,7 +199,7 @@ def run_push(service: Service, page: Any) -> dict[str, Any]:
 async def view_on_edge(port: int) -> dict[str, Any]:
     """An aiortc viewer with a sync channel on the edge: decoded frames and record sources."""
     from tests.relay.peers import view
-    from tests.sync.test_channel import collect
+    from tests.syncchannel.test_service import collect
 
     async with aiohttp.ClientSession() as http:
         viewer = await view(http, f"http://127.0.0.1:{port}", "cam", data_channel="sync")

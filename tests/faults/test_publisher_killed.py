@@ -31,7 +31,7 @@ from tests.conftest import ServerProcess
 from tests.faults.procs import PeerProcess, aget_json, metric
 from tests.relay.peers import Peer, received_ssrc, view, wait_for
 from tests.sync.records import ViewerRecords
-from tests.sync.test_channel import _mid, collect
+from tests.syncchannel.test_service import _mid, collect
 
 STREAM = "killed-publisher"
 PUBLISHER_TIMEOUT_S = 3.0  # seconds without media (default 10), shortened to keep this fast

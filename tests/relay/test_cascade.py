@@ -27,7 +27,7 @@ from sfu_sidecar.synthetic import FlashVideoTrack, Timeline, decode_frame_number
 from tests.conftest import ServerProcess, free_port
 from tests.relay.peers import Peer, view, wait_for
 from tests.sync.records import ViewerRecords
-from tests.sync.test_channel import _mid, collect, decoded_frames, start_publisher
+from tests.syncchannel.test_service import _mid, collect, decoded_frames, start_publisher
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -21,7 +21,7 @@ from sfu_sidecar.relay.redis_directory import PREFIX, TTL_S
 from tests.captions.test_caption_redis import RedisServer
 from tests.relay.peers import view, wait_for
 from tests.relay.test_cascade import Node, capture_errors
-from tests.sync.test_channel import _mid, collect, decoded_frames, start_publisher
+from tests.syncchannel.test_service import _mid, collect, decoded_frames, start_publisher
 
 pytestmark = [pytest.mark.needs("redis-server"), pytest.mark.timeout(150)]
 

@@ -34,7 +34,7 @@ from tests.relay.peers import (
     wait_for,
 )
 from tests.sync.records import ViewerRecords
-from tests.sync.test_channel import start_publisher
+from tests.syncchannel.test_service import start_publisher
 
 MASK32 = 0xFFFFFFFF
 RATES = {"video": 90000, "audio": 48000}

@@ -25,7 +25,7 @@ from sfu_sidecar.relay.streams import Streams
 from tests.conftest import free_port
 from tests.relay.peers import view, wait_for
 from tests.relay.test_cascade import TOLERANCE_NS, Node, capture_errors
-from tests.sync.test_channel import _mid, collect, decoded_frames, start_publisher
+from tests.syncchannel.test_service import _mid, collect, decoded_frames, start_publisher
 
 pytestmark = pytest.mark.timeout(150)
 

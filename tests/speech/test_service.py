@@ -36,7 +36,7 @@ from tests.relay.peers import LOOPBACK, view, wait_for
 from tests.relay.test_cascade import Node
 from tests.relay.test_tap import running
 from tests.support import speech
-from tests.sync.test_channel import collect
+from tests.syncchannel.test_service import collect
 
 pytestmark = [pytest.mark.needs("espeak-ng")]
 

@@ -30,12 +30,12 @@ from sfu_sidecar.relay.hooks import (
     DataChannel,
     PacketInfo,
     PublisherHandle,
+    PublisherView,
     RelayObserver,
+    RelayView,
     SenderReport,
     ViewerHandle,
 )
-from sfu_sidecar.relay.service import RelayService
-from sfu_sidecar.relay.session import PublisherSource
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
 from sfu_sidecar.sync.mapping import CaptureTime, build_abs_capture_time
 from sfu_sidecar.sync.wire import (
@@ -103,7 +103,7 @@ class SyncService(RelayObserver):
 
     def __init__(
         self,
-        relay: RelayService,
+        relay: RelayView,
         metrics: Metrics,
         *,
         now_ns: Callable[[], int],
@@ -168,7 +168,7 @@ class SyncService(RelayObserver):
                 pub.sync.reconnect()  # new SSRCs, timestamp bases and clock
                 pub.channel = pub.clock_report = None
             pub.publisher_id = publisher_id
-            slot = self.relay.streams.by_name.get(stream)
+            slot = self.relay.stream(stream)
             publisher = slot.publisher if slot is not None else None
             pub.sync.set_relayed(publisher is not None and publisher.id == publisher_id
                                  and publisher.relayed)
@@ -188,10 +188,10 @@ class SyncService(RelayObserver):
     def publisher_state(self, publisher: PublisherHandle) -> None:
         self._announce(publisher.stream_name)
 
-    def _live_publisher(self, stream_name: str) -> PublisherSource | None:
-        stream = self.relay.streams.by_name.get(stream_name)
+    def _live_publisher(self, stream_name: str) -> PublisherView | None:
+        stream = self.relay.stream(stream_name)
         publisher = stream.publisher if stream is not None else None
-        if publisher is None or not publisher.connected_once or publisher.closed.is_set():
+        if publisher is None or not publisher.live:
             return None
         return publisher
 

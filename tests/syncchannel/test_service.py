@@ -22,13 +22,13 @@ from sfu_sidecar.config import load_settings
 from sfu_sidecar.ntptime import ntp_to_unix_ns
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, SenderReport
-from sfu_sidecar.sync.channel import SyncService
 from sfu_sidecar.sync.mapping import AbsCaptureTime
 from sfu_sidecar.sync.wire import (
     Cue,
     Epoch,
     Source,
 )
+from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.synthetic import BeepAudioTrack, FlashVideoTrack, Timeline, decode_frame_number
 from tests.conftest import IN_PROCESS
 from tests.relay.peers import LOOPBACK, Peer, view, wait_for
