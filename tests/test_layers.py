@@ -22,7 +22,8 @@ PACKAGE = ROOT / "sfu_sidecar"
 # __init__). A layer may import only from the layers below it and from within one name.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("", "exceptions", "logs", "streamname", "ntptime", "resample", "estimators", "synthetic"),
-    ("config", "tts"),
+    ("settingvalues", "tts"),
+    ("config",),
     ("metrics", "tasks", "lifecycle", "limits", "cors", "tls", "webfiles"),
     ("httpapi", "listeners", "workermetrics"),
     ("clock",),

@@ -38,10 +38,11 @@ from sfu_sidecar.clock.ptp import (
     SendDelayReq,
     format_identity,
 )
-from sfu_sidecar.config import HostPort, Settings
+from sfu_sidecar.config import Settings
 from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.limits import MessageLimiter, Verdict
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.settingvalues import HostPort
 from sfu_sidecar.tasks import Tasks
 
 log = logs.get("clock")

@@ -50,8 +50,8 @@ from aiortc.rtcrtpparameters import (
 )
 
 from sfu_sidecar import logs
-from sfu_sidecar.config import PortRange
 from sfu_sidecar.exceptions import ConfigError
+from sfu_sidecar.settingvalues import PortRange
 
 log = logs.get("relay.adapter")
 

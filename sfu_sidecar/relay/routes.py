@@ -15,7 +15,6 @@ from urllib.parse import quote
 
 from aiohttp import web
 
-from sfu_sidecar.config import NODE_ID, NODE_ID_RULE, IceServer
 from sfu_sidecar.exceptions import AtCapacity, BadInput, NotFound, TooManyRequests
 from sfu_sidecar.httpapi import (
     ingest_allowed,
@@ -34,6 +33,7 @@ from sfu_sidecar.relay.push import parse_push_request
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 from sfu_sidecar.relay.tap import TapSession, parse_tap_request, tap_request_from_sdp
+from sfu_sidecar.settingvalues import NODE_ID, NODE_ID_RULE, IceServer
 from sfu_sidecar.streamname import ROUTE_VARIABLE
 
 SDP = "application/sdp"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from sfu_sidecar import logs, streamname
-from sfu_sidecar.config import PortRange, Settings
+from sfu_sidecar.config import Settings
 from sfu_sidecar.exceptions import AtCapacity, BadInput
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay.hooks import RelayObserver
@@ -38,6 +38,7 @@ from sfu_sidecar.relay.receiver import PublisherTrack
 from sfu_sidecar.relay.sdp import FORWARDABLE, CodecInfo
 from sfu_sidecar.relay.session import PublisherSource, StreamSlot
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
+from sfu_sidecar.settingvalues import PortRange
 from sfu_sidecar.streamname import is_stream_name
 
 log = logs.get("relay.tap")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from aiortc.codecs import HEADER_EXTENSIONS
 
-from sfu_sidecar.config import PortRange
 from sfu_sidecar.exceptions import ConfigError
 from sfu_sidecar.relay import aiortc_adapter
+from sfu_sidecar.settingvalues import PortRange
 from tests.conftest import free_port
 from tests.relay.peers import client_pc
 
