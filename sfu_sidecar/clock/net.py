@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from sfu_sidecar import logs
 from sfu_sidecar.clock import local
-from sfu_sidecar.clock.ptp import EVENT_PORT, GENERAL_PORT, PTP_PRIMARY_MULTICAST
+from sfu_sidecar.clock.ptpmsg import EVENT_PORT, GENERAL_PORT, PTP_PRIMARY_MULTICAST
 from sfu_sidecar.exceptions import ConfigError
 
 log = logs.get("clock.net")

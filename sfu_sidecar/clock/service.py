@@ -30,14 +30,8 @@ from sfu_sidecar.clock.fused import (
 )
 from sfu_sidecar.clock.net import PtpSockets
 from sfu_sidecar.clock.ntp import NtpError, SntpClient
-from sfu_sidecar.clock.ptp import (
-    MasterSelected,
-    Measurement,
-    PtpError,
-    PtpSlave,
-    SendDelayReq,
-    format_identity,
-)
+from sfu_sidecar.clock.ptp import MasterSelected, Measurement, PtpSlave, SendDelayReq
+from sfu_sidecar.clock.ptpmsg import PtpError, format_identity
 from sfu_sidecar.config import Settings
 from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.limits import MessageLimiter, Verdict

@@ -11,6 +11,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from sfu_sidecar.clock.ptp import (
+    MasterSelected,
+    Measurement,
+    PtpSlave,
+    SendDelayReq,
+    better_master,
+)
+from sfu_sidecar.clock.ptpmsg import (
     Announce,
     ClockQuality,
     DelayReq,
@@ -18,16 +25,11 @@ from sfu_sidecar.clock.ptp import (
     Flag,
     FollowUp,
     Header,
-    MasterSelected,
-    Measurement,
     MessageType,
     PortIdentity,
     PtpError,
-    PtpSlave,
-    SendDelayReq,
     Sync,
     Timestamp,
-    better_master,
     format_identity,
     parse,
 )

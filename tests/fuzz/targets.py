@@ -24,7 +24,7 @@ import msgpack
 
 from sfu_sidecar.captions import model, webvtt
 from sfu_sidecar.captions.routes import _decode_json, _decode_msgpack
-from sfu_sidecar.clock import exchange, ntp, ptp
+from sfu_sidecar.clock import exchange, ntp, ptp, ptpmsg
 from sfu_sidecar.exceptions import BadInput
 from sfu_sidecar.ntptime import unix_ns_to_ntp
 from sfu_sidecar.relay import rtcp, sdp
@@ -74,12 +74,12 @@ def framed(datagrams: list[bytes]) -> bytes:
 
 # --- PTP --------------------------------------------------------------------------------------
 
-MASTER = ptp.PortIdentity(bytes.fromhex("0011223344556677"), 1)
+MASTER = ptpmsg.PortIdentity(bytes.fromhex("0011223344556677"), 1)
 
 
-def _ptp_header(kind: ptp.MessageType, seq: int, two_step: bool = False) -> ptp.Header:
-    flags = ptp.Flag.TWO_STEP if two_step else ptp.Flag(0)
-    return ptp.Header(kind, 0, flags, 0, MASTER, seq, 0)  # domain 0, no correction
+def _ptp_header(kind: ptpmsg.MessageType, seq: int, two_step: bool = False) -> ptpmsg.Header:
+    flags = ptpmsg.Flag.TWO_STEP if two_step else ptpmsg.Flag(0)
+    return ptpmsg.Header(kind, 0, flags, 0, MASTER, seq, 0)  # domain 0, no correction
 
 
 def ptp_target(data: bytes) -> None:
@@ -88,18 +88,18 @@ def ptp_target(data: bytes) -> None:
     now = T0
     for i, datagram in enumerate(frames(data)):
         now += NS
-        with contextlib.suppress(ptp.PtpError):
+        with contextlib.suppress(ptpmsg.PtpError):
             slave.receive(datagram, now if i % 3 != 2 else None, now)
         slave.poll(now)
 
 
 def ptp_seeds() -> list[bytes]:
-    announce = ptp.Announce(
-        _ptp_header(ptp.MessageType.ANNOUNCE, 1), ptp.Timestamp(0, 0), 37, 128,
-        ptp.ClockQuality(6, 0x21, 0x4E5D), 128, MASTER.clock_identity, 0, 0xA0)
-    sync = ptp.Sync(_ptp_header(ptp.MessageType.SYNC, 1, True), ptp.Timestamp(0, 0))
-    follow = ptp.FollowUp(_ptp_header(ptp.MessageType.FOLLOW_UP, 1),
-                          ptp.Timestamp.from_ns(T0 + NS))
+    announce = ptpmsg.Announce(
+        _ptp_header(ptpmsg.MessageType.ANNOUNCE, 1), ptpmsg.Timestamp(0, 0), 37, 128,
+        ptpmsg.ClockQuality(6, 0x21, 0x4E5D), 128, MASTER.clock_identity, 0, 0xA0)
+    sync = ptpmsg.Sync(_ptp_header(ptpmsg.MessageType.SYNC, 1, True), ptpmsg.Timestamp(0, 0))
+    follow = ptpmsg.FollowUp(_ptp_header(ptpmsg.MessageType.FOLLOW_UP, 1),
+                          ptpmsg.Timestamp.from_ns(T0 + NS))
     return [framed([m.serialize() for m in (announce, announce, sync, follow)])]
 
 
