@@ -139,7 +139,7 @@ class FrameViewer:
         if (data[1] & 0x7F) != self.video_pt or not data[1] & 0x80:
             return
         from sfu_sidecar.relay.packet import RtpPacket
-        from sfu_sidecar.sync.mapping import AbsCaptureTime
+        from sfu_sidecar.sync.abscapture import AbsCaptureTime
 
         packet = RtpPacket.parse(data)
         raw = dict(packet.extensions).get(self.ext_id)

@@ -59,7 +59,7 @@ def protect_all(packets: list[tuple[str, bytes, int]]) -> list[tuple[str, bytes,
 def make_packets(seconds: float, t0: int) -> list[tuple[str, bytes, int]]:
     """(kind, wire bytes, arrival ns) in arrival order, with a little arrival jitter."""
     from sfu_sidecar.relay.packet import build_rtp
-    from sfu_sidecar.sync.mapping import build_abs_capture_time
+    from sfu_sidecar.sync.abscapture import build_abs_capture_time
 
     out: list[tuple[int, str, bytes]] = []
     frames = int(seconds * VIDEO_FPS)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sfu_sidecar.relay.packet import RtpPacket, RtpParseError
-from sfu_sidecar.sync.mapping import build_abs_capture_time
+from sfu_sidecar.sync.abscapture import build_abs_capture_time
 
 MASK32 = 0xFFFFFFFF
 

@@ -46,8 +46,8 @@ from typing import Protocol
 
 from sfu_sidecar.relay.rtcp import ReportBlock, SenderReport
 
-# The extension's codec and URI live with the capture-time mapping (pure, no aiortc).
-from sfu_sidecar.sync.mapping import ABS_CAPTURE_TIME_URI
+# The extension's codec and URI are the sync package's (pure, no aiortc).
+from sfu_sidecar.sync.abscapture import ABS_CAPTURE_TIME_URI
 
 __all__ = [
     "ABS_CAPTURE_TIME",

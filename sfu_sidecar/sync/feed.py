@@ -13,16 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from sfu_sidecar.ntptime import unix_ns_to_ntp
+from sfu_sidecar.sync.abscapture import ABS_CAPTURE_TIME_URI, AbsCaptureTime, AbsCaptureTimeError
 from sfu_sidecar.sync.batcher import SyncBatcher
-from sfu_sidecar.sync.mapping import (
-    ABS_CAPTURE_TIME_URI,
-    MASK32,
-    AbsCaptureTime,
-    AbsCaptureTimeError,
-    CaptureTime,
-    PublisherClock,
-    TrackMapping,
-)
+from sfu_sidecar.sync.mapping import MASK32, CaptureTime, TrackMapping
+from sfu_sidecar.sync.publisherclock import PublisherClock
 
 
 class PublisherSync:

@@ -31,12 +31,13 @@ is late by the smallest one-way delay seen in its window and cannot be better.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass
 from typing import ClassVar
 
-from sfu_sidecar.ntptime import ns_to_q32, ntp_to_unix_ns, q32_to_ns, unix_ns_to_ntp
+from sfu_sidecar.ntptime import ntp_to_unix_ns, unix_ns_to_ntp
+from sfu_sidecar.sync.abscapture import AbsCaptureTime
+from sfu_sidecar.sync.publisherclock import PublisherClock, RtpTimestampUnwrapper
 from sfu_sidecar.sync.wire import AnchorRecord, Source, predict_ns, signed32
 
 NS = 1_000_000_000
@@ -88,142 +89,6 @@ FRAME_MIN_STEP_NS = 10_000_000
 # Frames whose capture time later packets (the rest of a frame, reordered, retransmitted) are
 # given: 2 s of 60 fps video, 2.5 s of 20 ms audio.
 RECENT_FRAMES = 128
-
-ABS_CAPTURE_TIME_URI = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
-
-
-class AbsCaptureTimeError(ValueError):
-    """An abs-capture-time extension of a length the spec does not define."""
-
-
-_ACT_SHORT = struct.Struct("!Q")  # absolute capture timestamp, NTP Q32.32
-_ACT_LONG = struct.Struct("!Qq")  # + estimated capture clock offset, signed Q32.32
-
-
-@dataclass(frozen=True, slots=True)
-class AbsCaptureTime:
-    """The abs-capture-time header extension payload (8 or 16 bytes)."""
-
-    capture_ntp: int
-    # Sender's NTP clock minus the capture system's NTP clock (spec: "Capture NTP Clock =
-    # Sender NTP Clock - Capture Clock Offset"); None in the 8-byte form.
-    clock_offset_q32: int | None = None
-
-    @classmethod
-    def parse(cls, data: bytes) -> AbsCaptureTime:
-        if len(data) == _ACT_SHORT.size:
-            return cls(_ACT_SHORT.unpack(data)[0])
-        if len(data) == _ACT_LONG.size:
-            ts, offset = _ACT_LONG.unpack(data)
-            return cls(ts, offset)
-        raise AbsCaptureTimeError(f"abs-capture-time of {len(data)} bytes (8 or 16 expected)")
-
-    def serialize(self) -> bytes:
-        if self.clock_offset_q32 is None:
-            return _ACT_SHORT.pack(self.capture_ntp)
-        return _ACT_LONG.pack(self.capture_ntp, self.clock_offset_q32)
-
-    def sender_clock_ns(self) -> int:
-        """Capture time in Unix ns on the sender's (publisher's) NTP clock."""
-        ns = ntp_to_unix_ns(self.capture_ntp)
-        return ns if self.clock_offset_q32 is None else ns + q32_to_ns(self.clock_offset_q32)
-
-
-def build_abs_capture_time(capture_ns: int, clock_offset_ns: int | None = None) -> bytes:
-    """The extension payload for a viewer: capture time (house ns) as NTP Q32.32.
-
-    The relay's own NTP clock is the house clock, so the capture time is already on the
-    sender's clock and the 8-byte form is exact; pass ``clock_offset_ns`` only to state a
-    non-zero offset (16-byte form).
-    """
-    offset = None if clock_offset_ns is None else ns_to_q32(clock_offset_ns)
-    return AbsCaptureTime(unix_ns_to_ntp(capture_ns), offset).serialize()
-
-
-class RtpTimestampUnwrapper:
-    """32-bit RTP timestamps -> 64-bit extended ones, by serial arithmetic on the difference
-    to the previous timestamp (as RFC 3550 appendix A.1 extends sequence numbers). The first
-    timestamp maps to ``2**32 + ts`` so a small step backwards never goes negative."""
-
-    def __init__(self) -> None:
-        self._last: int | None = None
-
-    @property
-    def last(self) -> int | None:
-        return self._last
-
-    def peek(self, ts: int) -> int:
-        if self._last is None:
-            return (1 << 32) + (ts & MASK32)
-        return self._last + signed32(ts - self._last)
-
-    def unwrap(self, ts: int) -> int:
-        ext = self.peek(ts)
-        # Only move forward: a late (reordered) packet must not drag the reference back.
-        if self._last is None or ext > self._last:
-            self._last = ext
-        return ext
-
-
-class MinDelayEstimator:
-    """Offset from one-way samples ``receiver_time - sender_time = offset + delay``, delay
-    >= 0: the minimum over a window is the offset plus the smallest delay in it."""
-
-    def __init__(self, window: int = 32, max_age_ns: int = 30 * NS) -> None:
-        self._samples: deque[tuple[int, int]] = deque(maxlen=window)  # (arrival, sample)
-        self._max_age = max_age_ns
-
-    def observe(self, sender_ns: int, arrival_ns: int) -> None:
-        self._samples.append((arrival_ns, arrival_ns - sender_ns))
-        # Old samples go so a drifting publisher clock is followed, not frozen at its past.
-        while self._samples and arrival_ns - self._samples[0][0] > self._max_age:
-            self._samples.popleft()
-
-    def clear(self) -> None:
-        self._samples.clear()
-
-    @property
-    def value(self) -> int | None:
-        return min(s for _, s in self._samples) if self._samples else None
-
-
-class PublisherClock:
-    """One publisher's clock offset, ``house = publisher + offset_ns``, shared by its tracks."""
-
-    def __init__(self, window: int = 32, max_age_ns: int = 30 * NS) -> None:
-        self._joined: int | None = None
-        self._sr = MinDelayEstimator(window, max_age_ns)
-        # abs-capture-time vs arrival also includes encode and pacing delay, so it is used
-        # only while no sender report has been seen.
-        self._capture = MinDelayEstimator(window, max_age_ns)
-
-    def join(self, house_minus_publisher_ns: int) -> None:
-        """The offset measured by the clock-join exchange (proto/clock.md)."""
-        self._joined = house_minus_publisher_ns
-
-    def observe_sender_report(self, publisher_ns: int, arrival_ns: int) -> None:
-        self._sr.observe(publisher_ns, arrival_ns)
-
-    def observe_capture(self, publisher_ns: int, arrival_ns: int) -> None:
-        self._capture.observe(publisher_ns, arrival_ns)
-
-    def reset(self) -> None:
-        """A new publisher session: forget the join and every sample."""
-        self._joined = None
-        self._sr.clear()
-        self._capture.clear()
-
-    @property
-    def offset_ns(self) -> int | None:
-        if self._joined is not None:
-            return self._joined
-        sr = self._sr.value
-        return sr if sr is not None else self._capture.value
-
-    @property
-    def estimated(self) -> bool:
-        return self._joined is None
-
 
 @dataclass(frozen=True, slots=True)
 class LinearMap:

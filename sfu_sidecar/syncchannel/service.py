@@ -36,8 +36,9 @@ from sfu_sidecar.relay.hooks import (
     SenderReport,
     ViewerHandle,
 )
+from sfu_sidecar.sync.abscapture import build_abs_capture_time
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
-from sfu_sidecar.sync.mapping import CaptureTime, build_abs_capture_time
+from sfu_sidecar.sync.mapping import CaptureTime
 from sfu_sidecar.sync.wire import (
     ClockReport,
     ClockReq,

@@ -36,8 +36,8 @@ from sfu_sidecar.relay.receiver import PublisherReceiver, PublisherTrack, Sessio
 from sfu_sidecar.relay.sdp import CodecInfo
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 from sfu_sidecar.sync import wire
+from sfu_sidecar.sync.abscapture import ABS_CAPTURE_TIME_URI, AbsCaptureTime
 from sfu_sidecar.sync.feed import PublisherSync
-from sfu_sidecar.sync.mapping import ABS_CAPTURE_TIME_URI, AbsCaptureTime
 from tests.fuzz import http_targets
 
 NS = 1_000_000_000

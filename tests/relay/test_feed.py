@@ -23,7 +23,7 @@ from sfu_sidecar.relay import RelayService, rtcp
 from sfu_sidecar.relay.feed import ABS_CAPTURE_TIME_ID, parse_feed_request
 from sfu_sidecar.relay.packet import RtpPacket, is_keyframe_start
 from sfu_sidecar.relay.tap import is_rtcp
-from sfu_sidecar.sync.mapping import AbsCaptureTime
+from sfu_sidecar.sync.abscapture import AbsCaptureTime
 from sfu_sidecar.sync.wire import AnchorRecord
 from tests.relay.conftest import Relay
 from tests.relay.peers import (

@@ -4,12 +4,9 @@ on the viewer side, to the publisher's true capture times; rebuilt SRs carry cap
 from __future__ import annotations
 
 from sfu_sidecar.ntptime import ntp_to_unix_ns, unix_ns_to_ntp
+from sfu_sidecar.sync.abscapture import ABS_CAPTURE_TIME_URI, build_abs_capture_time
 from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
-from sfu_sidecar.sync.mapping import (
-    ABS_CAPTURE_TIME_URI,
-    NS,
-    build_abs_capture_time,
-)
+from sfu_sidecar.sync.mapping import NS
 from sfu_sidecar.sync.wire import AnchorRecord, Batch, FrameRecord, Source, parse_message
 
 T0 = 1_796_025_600 * NS

@@ -10,15 +10,9 @@ from dataclasses import dataclass
 import pytest
 
 from sfu_sidecar.ntptime import ns_to_q32, ntp_to_unix_ns, unix_ns_to_ntp
-from sfu_sidecar.sync.mapping import (
-    NS,
-    AbsCaptureTime,
-    AbsCaptureTimeError,
-    PublisherClock,
-    RtpTimestampUnwrapper,
-    TrackMapping,
-    build_abs_capture_time,
-)
+from sfu_sidecar.sync.abscapture import AbsCaptureTime, AbsCaptureTimeError, build_abs_capture_time
+from sfu_sidecar.sync.mapping import NS, TrackMapping
+from sfu_sidecar.sync.publisherclock import PublisherClock, RtpTimestampUnwrapper
 from sfu_sidecar.sync.wire import FrameRecord, Source
 
 HOUSE_T0 = 1_796_025_600 * NS + 987_654_321  # 2026-11-30T08:00Z and change

@@ -22,7 +22,7 @@ from sfu_sidecar.config import load_settings
 from sfu_sidecar.ntptime import ntp_to_unix_ns
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, SenderReport
-from sfu_sidecar.sync.mapping import AbsCaptureTime
+from sfu_sidecar.sync.abscapture import AbsCaptureTime
 from sfu_sidecar.sync.wire import (
     Cue,
     Epoch,
