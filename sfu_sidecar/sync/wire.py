@@ -14,23 +14,42 @@ Two message kinds share one 2-byte envelope (version, kind):
 
 from __future__ import annotations
 
-import math
 import struct
-from collections.abc import Callable, Mapping
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import msgpack
+from sfu_sidecar.captions.events import (
+    Cue,
+    CueRetract,
+    Epoch,
+)
+from sfu_sidecar.clock.exchange import (
+    ClockReport,
+    ClockReq,
+    ClockResp,
+)
+from sfu_sidecar.sync.control import (
+    CONTROL_TYPES,
+    Control,
+    KnownControl,
+    Playout,
+    PublisherState,
+    Telemetry,
+    UnknownControl,
+    control_from_map,
+    control_to_map,
+    pack_control,
+    unpack_control,
+)
+from sfu_sidecar.sync.wireerror import (
+    MAX_MESSAGE,
+    ErrorKind,
+    SyncWireError,
+)
 
 # Clock-join messages are defined once, in the clock package; re-exported as control messages.
-from sfu_sidecar.captions.events import Cue as Cue
-from sfu_sidecar.captions.events import CueRetract as CueRetract
-from sfu_sidecar.captions.events import Epoch as Epoch
-from sfu_sidecar.clock.exchange import ClockReport as ClockReport
-from sfu_sidecar.clock.exchange import ClockReq as ClockReq
-from sfu_sidecar.clock.exchange import ClockResp as ClockResp
-from sfu_sidecar.exceptions import BadInput
 
 VERSION = 1
 NS_PER_S = 1_000_000_000
@@ -38,7 +57,6 @@ NS_PER_S = 1_000_000_000
 # SCTP_MAX_PACKET_LENGTH 1189); a message that fits is one datagram, so losing a datagram
 # loses exactly one message and never half of a larger one.
 MAX_UNFRAGMENTED = 1160
-MAX_MESSAGE = 65535  # nothing we send comes near; anything larger from a peer is refused
 
 
 class MessageKind(IntEnum):
@@ -58,24 +76,6 @@ class Source(IntEnum):
     ABS_CAPTURE_TIME = 0
     SENDER_REPORT = 1
     ARRIVAL = 2
-
-
-class ErrorKind:
-    TRUNCATED = "truncated"
-    BAD_VERSION = "bad_version"
-    UNKNOWN_TYPE = "unknown_type"
-    TRAILING_BYTES = "trailing_bytes"
-    BAD_FIELD = "bad_field"
-    BAD_CONTROL = "bad_control"
-    TOO_LARGE = "too_large"
-
-
-class SyncWireError(BadInput):
-    """Bytes on the sync channel that do not decode; :attr:`kind` names the fault."""
-
-    def __init__(self, kind: str, reason: str) -> None:
-        super().__init__(f"{kind}: {reason}")
-        self.kind = kind
 
 
 # Envelope, first two bytes of every message:
@@ -284,168 +284,6 @@ class FrameRecord:
         return record, offset + _FRAME.size
 
 
-# --- control messages (msgpack maps) -------------------------------------------------------
-
-# Field schemas: name -> python type. Order is the serialisation order (after "type"), so the
-# bytes are canonical and the JS codec reproduces them exactly.
-_STR, _INT, _FLOAT, _BOOL = str, int, float, bool
-
-
-@dataclass(frozen=True, slots=True)
-class PublisherState:
-    """Whether the stream has a live publisher: sent at join, on every change and repeated,
-    so a viewer learns that the publisher left (DELETE, or reaped when it vanished) and when
-    another took over."""
-
-    stream: str
-    live: bool
-    type: ClassVar[str] = "publisher"
-
-
-@dataclass(frozen=True, slots=True)
-class Telemetry:
-    """What a viewer reports about its own mapping, a few times a minute."""
-
-    stream: str
-    t_ns: int  # viewer's house-time estimate when it sent this
-    presented: int  # frames presented since the last report
-    mapped: int  # of those, frames that mapped to a capture time
-    lost_batches: int  # gaps seen in batch seq since the last report
-    type: ClassVar[str] = "telemetry"
-
-
-@dataclass(frozen=True, slots=True)
-class Playout:
-    """What a viewer measures of its own playout since its previous report."""
-
-    stream: str
-    t_ns: int  # viewer's house-time estimate when it sent this
-    frames: int  # frames presented with both their video and audio capture time known
-    av_skew_ms: float  # median over those of audio capture - video capture played together
-    captions: int  # cues that started showing
-    caption_error_ms: float  # mean of (capture time of the first frame showing a cue - start)
-    resyncs: int  # sync timelines the page restarted (reset anchors)
-    type: ClassVar[str] = "playout"
-
-
-@dataclass(frozen=True, slots=True)
-class UnknownControl:
-    """A control map whose ``type`` this version does not know; kept, not refused, so a
-    newer peer's additions never cost the records travelling with them."""
-
-    type: str
-    fields: Mapping[str, Any] = field(default_factory=dict)
-
-
-KnownControl = (
-    Epoch | Cue | CueRetract | ClockReq | ClockResp | ClockReport | Telemetry | Playout
-    | PublisherState
-)
-Control = KnownControl | UnknownControl
-
-CONTROL_TYPES: dict[str, type[KnownControl]] = {
-    cls.type: cls
-    for cls in (Epoch, Cue, CueRetract, ClockReq, ClockResp, ClockReport, Telemetry, Playout,
-                PublisherState)
-}
-_I64_MIN, _U64_MAX = -(1 << 63), (1 << 64) - 1
-
-
-# A field's default, for the optional fields a later version added; required ones have none.
-_REQUIRED = object()
-
-
-def _control_fields(cls: type[KnownControl]) -> list[tuple[str, type, Any]]:
-    # Annotations are strings under ``from __future__ import annotations``.
-    hints: dict[str, type] = {"str": _STR, "int": _INT, "float": _FLOAT, "bool": _BOOL}
-    return [
-        (f.name, hints[str(f.type)], _REQUIRED if f.default is MISSING else f.default)
-        for f in fields(cls)
-    ]
-
-
-_SCHEMAS: dict[str, list[tuple[str, type, Any]]] = {
-    name: _control_fields(cls) for name, cls in CONTROL_TYPES.items()
-}
-
-
-def _check_value(kind: type, value: Any, name: str) -> Any:
-    if kind is _FLOAT:
-        # An integral float may arrive packed as an int from a JS peer; both mean the same.
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be a number")
-        if not math.isfinite(value):
-            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be finite")
-        return float(value)
-    if kind is _INT:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be an integer")
-        if not _I64_MIN <= value <= _U64_MAX:
-            raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} out of 64-bit range")
-        return value
-    if not isinstance(value, kind):
-        raise SyncWireError(ErrorKind.BAD_CONTROL, f"{name} must be {kind.__name__}")
-    return value
-
-
-def control_from_map(obj: Any) -> Control:
-    """Validate a decoded msgpack value as a control message. Unknown keys are ignored so
-    later versions can add fields."""
-    if not isinstance(obj, dict):
-        raise SyncWireError(ErrorKind.BAD_CONTROL, "control payload is not a map")
-    kind = obj.get("type")
-    if not isinstance(kind, str):
-        raise SyncWireError(ErrorKind.BAD_CONTROL, "control map without a string 'type'")
-    schema = _SCHEMAS.get(kind)
-    if schema is None:
-        return UnknownControl(kind, {k: v for k, v in obj.items() if k != "type"})
-    values: dict[str, Any] = {}
-    for name, ftype, default in schema:
-        if name not in obj:
-            if default is _REQUIRED:
-                raise SyncWireError(ErrorKind.BAD_CONTROL, f"{kind} without {name!r}")
-            continue
-        values[name] = _check_value(ftype, obj[name], name)
-    return CONTROL_TYPES[kind](**values)
-
-
-def control_to_map(msg: Control) -> dict[str, Any]:
-    if isinstance(msg, UnknownControl):
-        return {"type": msg.type, **msg.fields}
-    out: dict[str, Any] = {"type": msg.type}
-    for name, ftype, default in _SCHEMAS[msg.type]:
-        value = getattr(msg, name)
-        if default is not _REQUIRED and value == default:
-            continue  # an optional field at its default is left out: older peers' bytes
-        out[name] = float(value) if ftype is _FLOAT else value
-    return out
-
-
-def pack_control(msg: Control) -> bytes:
-    """msgpack bytes of a control map (float64 for floats, str type for text: canonical)."""
-    try:
-        packed: bytes = msgpack.packb(control_to_map(msg), use_bin_type=True)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise SyncWireError(ErrorKind.BAD_CONTROL, f"cannot pack: {exc}") from None
-    return packed
-
-
-def unpack_control(payload: bytes) -> Control:
-    # An Unpacker, not unpackb: it tells an incomplete map (a cut message: "truncated", as
-    # for binary records) from bytes that are not msgpack at all.
-    unpacker = msgpack.Unpacker(raw=False, strict_map_key=True, max_buffer_size=MAX_MESSAGE)
-    try:
-        unpacker.feed(payload)
-        obj = unpacker.unpack()
-    except msgpack.OutOfData:
-        raise SyncWireError(ErrorKind.TRUNCATED, "msgpack map cut short") from None
-    except Exception as exc:  # msgpack raises a zoo of types on bad input; all mean the same
-        raise SyncWireError(ErrorKind.BAD_CONTROL, f"bad msgpack: {type(exc).__name__}") from None
-    if unpacker.tell() != len(payload):
-        raise SyncWireError(ErrorKind.TRAILING_BYTES, "bytes after the msgpack map")
-    return control_from_map(obj)
-
-
 @dataclass(frozen=True, slots=True)
 class ControlRecord:
     """A control message travelling inside a batch."""
@@ -552,3 +390,46 @@ def parse_message(data: bytes | bytearray | memoryview) -> Message:
     if offset != len(data):
         raise SyncWireError(ErrorKind.TRAILING_BYTES, f"{len(data) - offset} bytes after records")
     return Batch(seq, tuple(records))
+
+
+# The whole codec under one name: its own records and envelope, and the control messages,
+# errors and caption and clock-join messages it carries.
+__all__ = [
+    "CONTROL_TYPES",
+    "GENERATIONS",
+    "MAX_MESSAGE",
+    "MAX_UNFRAGMENTED",
+    "NS_PER_S",
+    "VERSION",
+    "AnchorRecord",
+    "Batch",
+    "ClockReport",
+    "ClockReq",
+    "ClockResp",
+    "Control",
+    "ControlMessage",
+    "ControlRecord",
+    "Cue",
+    "CueRetract",
+    "Epoch",
+    "ErrorKind",
+    "FrameRecord",
+    "KnownControl",
+    "Message",
+    "MessageKind",
+    "Playout",
+    "PublisherState",
+    "Record",
+    "RecordType",
+    "Source",
+    "SyncWireError",
+    "Telemetry",
+    "UnknownControl",
+    "control_from_map",
+    "control_to_map",
+    "pack_control",
+    "parse_message",
+    "predict_ns",
+    "signed32",
+    "unpack_control",
+]

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sfu_sidecar.sync import wire
+from sfu_sidecar.sync import control, wire
 from sfu_sidecar.sync.wire import (
     AnchorRecord,
     Batch,
@@ -45,12 +45,12 @@ _SOURCES = {v: k for k, v in _SOURCE_NAMES.items()}
 
 def control_to_json(msg: wire.Control) -> dict[str, Any]:
     # Only the schema's integer fields become strings; an unknown type's map stays as sent.
-    schema = {name: kind for name, kind, _ in wire._SCHEMAS.get(msg.type, [])}
+    schema = {name: kind for name, kind, _ in control._SCHEMAS.get(msg.type, [])}
     return {k: str(v) if schema.get(k) is int else v for k, v in wire.control_to_map(msg).items()}
 
 
 def control_from_json(obj: dict[str, Any]) -> wire.Control:
-    schema = {name: kind for name, kind, _ in wire._SCHEMAS.get(obj["type"], [])}
+    schema = {name: kind for name, kind, _ in control._SCHEMAS.get(obj["type"], [])}
     return wire.control_from_map(
         {k: int(v) if schema.get(k) is int else v for k, v in obj.items()}
     )
