@@ -15,6 +15,7 @@ from aiohttp.typedefs import Middleware
 from sfu_sidecar import __version__, listeners, logs
 from sfu_sidecar.captions import routes as caption_routes
 from sfu_sidecar.captions.service import CaptionService
+from sfu_sidecar.clock import routes as clock_routes
 from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import Settings
 from sfu_sidecar.cors import CorsPolicy
@@ -31,12 +32,15 @@ from sfu_sidecar.lifecycle import Component, stop_on_signals
 from sfu_sidecar.limits import is_loopback
 from sfu_sidecar.listeners import install_hsts
 from sfu_sidecar.metrics import Metrics
+from sfu_sidecar.probe import routes as probe_routes
 from sfu_sidecar.probe.service import ProbeService
-from sfu_sidecar.relay.routes import RelayRoutes
+from sfu_sidecar.relay import routes as relay_routes
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.segments import routes as segment_routes
 from sfu_sidecar.segments.service import SegmentService
+from sfu_sidecar.speech import routes as speech_routes
 from sfu_sidecar.speech.service import SpeechService
+from sfu_sidecar.syncchannel import routes as sync_routes
 from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.webfiles import WEB_DIR
 
@@ -122,21 +126,23 @@ def build_components(settings: Settings, metrics: Metrics) -> Components:
 
 
 def add_component_routes(app: web.Application, components: Components) -> None:
-    """Each named component's HTTP routes, in start order (the first match wins)."""
+    """Each named component's HTTP routes, in start order (the first match wins). Every
+    component's routes are in the ``routes`` module beside it, one ``add_routes(app, service)``
+    each; no component registers its own."""
     if components.clock is not None:
-        components.clock.add_routes(app)
+        clock_routes.add_routes(app, components.clock)
     if components.captions is not None:
         caption_routes.add_routes(app, components.captions)
     if components.relay is not None:
-        RelayRoutes(components.relay).add(app)
+        relay_routes.add_routes(app, components.relay)
     if components.sync is not None:
-        components.sync.add_routes(app)
+        sync_routes.add_routes(app, components.sync)
     if components.probe is not None:
-        components.probe.add_routes(app)
+        probe_routes.add_routes(app, components.probe)
     if components.segments is not None:
         segment_routes.add_routes(app, components.segments)
     if components.speech is not None:
-        components.speech.add_routes(app)
+        speech_routes.add_routes(app, components.speech)
 
 
 async def _healthz(request: web.Request) -> web.Response:

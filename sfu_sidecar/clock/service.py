@@ -14,7 +14,7 @@ import os
 import socket
 from typing import Any
 
-from aiohttp import WSMsgType, web
+from aiohttp import web
 
 from sfu_sidecar import logs
 from sfu_sidecar.clock import exchange, local
@@ -33,8 +33,7 @@ from sfu_sidecar.clock.ntp import NtpError, SntpClient
 from sfu_sidecar.clock.ptp import MasterSelected, Measurement, PtpSlave, SendDelayReq
 from sfu_sidecar.clock.ptpmsg import PtpError, format_identity
 from sfu_sidecar.config import Settings
-from sfu_sidecar.httpapi import json_ok
-from sfu_sidecar.limits import MessageLimiter, Verdict
+from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.settingvalues import HostPort
 from sfu_sidecar.tasks import Tasks
@@ -94,7 +93,7 @@ class ClockService:
         self._ntp_polls = 0  # polls since the last burst began
         self._ntp_wake = asyncio.Event()
         self._tasks = Tasks("clock", log)
-        self._ws: set[web.WebSocketResponse] = set()
+        self.joins: set[web.WebSocketResponse] = set()
         self.reports: dict[str, dict[str, int]] = {}
         self._g_offset = metrics.gauge("clock_offset_seconds",
                                        "House time minus host CLOCK_REALTIME")
@@ -103,7 +102,7 @@ class ClockService:
                                       "Estimated house time uncertainty")
         self._g_state = metrics.gauge("clock_state", "1 for the current clock state", ("state",))
         self._g_source = metrics.gauge("clock_source", "1 for the current source", ("source",))
-        self._c_bad = metrics.counter("clock_bad_packets", "Unreadable clock packets",
+        self.bad_packets = metrics.counter("clock_bad_packets", "Unreadable clock packets",
                                       ("protocol",))
         self._g_joins = metrics.gauge("clock_join_peers", "Peers connected to /api/clock/ws")
         self.ws_limiter = MessageLimiter("clock_ws", settings.ws_messages_per_s,
@@ -155,10 +154,6 @@ class ClockService:
 
     # -- component ----------------------------------------------------------------------------
 
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/api/clock", self._get_status)
-        app.router.add_get("/api/clock/ws", self._websocket)
-
     async def start(self) -> None:
         if self.slave is not None and self.settings.ptp_interface:
             self._ptp_socks = PtpSockets(self.settings.ptp_interface, self._on_ptp)
@@ -182,7 +177,7 @@ class ClockService:
 
     async def stop(self) -> None:
         await self._tasks.stop()
-        for ws in list(self._ws):
+        for ws in list(self.joins):
             await ws.close()
         if self._ptp_socks is not None:
             self._ptp_socks.close()
@@ -197,7 +192,7 @@ class ClockService:
         try:
             events = self.slave.receive(data, rx_ns, local.monotonic_ns())
         except PtpError as exc:
-            self._c_bad.labels("ptp").inc()
+            self.bad_packets.labels("ptp").inc()
             log.debug("bad PTP datagram: %s", exc.reason)
             return
         self._ptp_events(events)
@@ -281,7 +276,7 @@ class ClockService:
         try:
             client.response(data, rx_ns)
         except NtpError as exc:
-            self._c_bad.labels("ntp").inc()
+            self.bad_packets.labels("ntp").inc()
             log.debug("NTP reply from %s refused: %s", server, exc.reason)
             return
         # Servers in the configured order: use the first one still answering.
@@ -349,57 +344,7 @@ class ClockService:
             self._g_state.labels(s).set(1 if s == self.fused.state else 0)
         for s in SOURCES:
             self._g_source.labels(s).set(1 if s == self.fused.source else 0)
-        self._g_joins.set(len(self._ws))
-
-    # -- HTTP ---------------------------------------------------------------------------------
-
-    async def _get_status(self, request: web.Request) -> web.Response:
-        return json_ok(self.status())
-
-    async def _websocket(self, request: web.Request) -> web.WebSocketResponse:
-        ws = web.WebSocketResponse(
-            max_msg_size=min(WS_MAX_MSG, self.settings.ws_max_message_bytes), heartbeat=30.0
-        )
-        await ws.prepare(request)
-        self._ws.add(ws)
-        peer = f"{request.remote}:{id(ws):x}"
-        admit = self.ws_limiter.gate(peer)
-        try:
-            async for msg in ws:
-                t2 = self.now_ns()  # as early as possible after the frame was read
-                admission = admit()
-                if admission.verdict is Verdict.CLOSE:
-                    # 1008: policy violation (RFC 6455 7.4.1); the reason names the setting.
-                    await ws.close(code=1008, message=b"over ws_messages_per_s")
-                    break
-                if not admission.accepted:
-                    continue  # dropped unanswered: the joining client times that exchange out
-                try:
-                    if msg.type == WSMsgType.TEXT:
-                        decoded = exchange.decode_json(msg.data)
-                    elif msg.type == WSMsgType.BINARY:
-                        decoded = exchange.decode_msgpack(msg.data)
-                    else:
-                        break
-                    reply = self.handle_join(decoded, t2)
-                except exchange.ExchangeError as exc:
-                    self._c_bad.labels("clock_join").inc()
-                    # 1007: payload data inconsistent with the message type (RFC 6455 §7.4.1).
-                    await ws.close(code=1007, message=exc.reason[:120].encode())
-                    break
-                if isinstance(decoded, exchange.ClockReport):
-                    self.reports[peer] = {k: v for k, v in decoded.to_map().items()
-                                          if k != "type"}
-                if reply is not None:
-                    if msg.type == WSMsgType.TEXT:
-                        await ws.send_str(exchange.encode_json(reply))
-                    else:
-                        await ws.send_bytes(exchange.encode_msgpack(reply))
-        finally:
-            self._ws.discard(ws)
-            self.reports.pop(peer, None)
-        return ws
-
+        self._g_joins.set(len(self.joins))
 
 def status_line(status: dict[str, Any]) -> str:
     """One human line for ``sfu-sidecar clock``."""

@@ -242,3 +242,44 @@ class Alerts:
         return [{"alert": r.name, "summary": r.summary, "unit": r.unit, **r.limits(),
                  "raise_after_s": r.raise_after_ns / S, "clear_after_s": r.clear_after_ns / S}
                 for r in self.rules.values()]
+
+
+def histogram_counts(values: Iterable[float], edges: tuple[float, ...]) -> list[int]:
+    """Counts in (-inf, e0), [e0, e1), ... [e_last, inf)."""
+    counts = [0] * (len(edges) + 1)
+    for v in values:
+        i = 0
+        while i < len(edges) and v >= edges[i]:
+            i += 1
+        counts[i] += 1
+    return counts
+
+
+def most_out_of_band(values: Iterable[float], rule: Rule) -> float | None:
+    """The value farthest outside the rule's clear band (the worst viewer), or None."""
+    def excess(v: float) -> float:
+        return max(v - rule.clear_high, rule.clear_low - v)
+
+    return max(values, key=excess, default=None)
+
+
+def viewers_over_bound(rows: Iterable[tuple[str, int, int]]) -> dict[str, int]:
+    """Per stream, the viewers whose channel holds more than its bound (stream, bytes, bound)."""
+    over: dict[str, int] = {}
+    for stream, waiting, bound in rows:
+        if waiting > bound:
+            over[stream] = over.get(stream, 0) + 1
+    return over
+
+
+def clock_alert_values(state: str, sources: list[str]) -> dict[str, float]:
+    """The clock alerts' inputs from the house clock's state (clock/service.py STATES).
+
+    Free-running with sources configured means every one of them is gone (holdover expired or
+    none ever answered); without sources free-running is the configured normal.
+    """
+    return {
+        "clock_source_lost": float(bool(sources) and state == "freerun"),
+        "clock_holdover": float(state == "holdover"),
+        "clock_slewing": float(state == "slewing"),
+    }

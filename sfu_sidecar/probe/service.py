@@ -18,28 +18,28 @@ import asyncio
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from aiohttp import web
-
 from sfu_sidecar import __version__, logs
 from sfu_sidecar.clock.service import ClockService
 from sfu_sidecar.config import Settings
-from sfu_sidecar.exceptions import BadInput, NotFound
-from sfu_sidecar.httpapi import json_ok, read_json, require_publish
+from sfu_sidecar.exceptions import BadInput
 from sfu_sidecar.limits import MessageLimiter
 from sfu_sidecar.metrics import Metrics
-from sfu_sidecar.probe import gpu
+from sfu_sidecar.probe import gpu, views
 from sfu_sidecar.probe.alerts import (
     DISCONTINUITY_HOLD_NS,
     RULES,
     SPEECH_RULES,
     AlertEvent,
     Alerts,
-    Rule,
+    clock_alert_values,
+    histogram_counts,
+    most_out_of_band,
+    viewers_over_bound,
 )
 from sfu_sidecar.probe.dashboard import MAX_MESSAGE_BYTES, DashboardHub
 from sfu_sidecar.probe.exposition import ProbeCollector, ProbeHistograms, StreamLabels
 from sfu_sidecar.probe.gpu import AllocatorReport, GpuSample, NvmlSampler, Renderers
-from sfu_sidecar.probe.stats import BucketCounts, TrackStats, capture_skew_ms
+from sfu_sidecar.probe.stats import BucketCounts, TrackStats, capture_skew_ms, round_or_none
 from sfu_sidecar.probe.streams import StreamProbe
 from sfu_sidecar.probe.viewers import ViewerStats, viewer_summary
 from sfu_sidecar.relay.hooks import (
@@ -50,12 +50,10 @@ from sfu_sidecar.relay.hooks import (
     ReportBlock,
     ViewerHandle,
 )
-from sfu_sidecar.speech.service import NO_AUDIO, SpeechService
-from sfu_sidecar.streamname import ROUTE_VARIABLE as STREAM_PATTERN
+from sfu_sidecar.speech.service import SpeechService
 from sfu_sidecar.sync.wire import ClockReport, ControlMessage, Playout, SyncWireError, parse_message
 from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.tasks import Tasks
-from sfu_sidecar.webfiles import WEB_DIR
 
 log = logs.get("probe")
 
@@ -78,51 +76,6 @@ CAPTION_LAG_RULES = ("caption_lag", "caption_lag_bt1359")
 SPEECH_RULE_NAMES = (*CAPTION_LAG_RULES, "dub_lag")
 PUBLISHER_STALE_NS = 5_000_000_000
 DEFAULT_CLOCK_RATES = {"audio": 48000, "video": 90000}
-
-
-def histogram_counts(values: Iterable[float], edges: tuple[float, ...]) -> list[int]:
-    """Counts in (-inf, e0), [e0, e1), ... [e_last, inf)."""
-    counts = [0] * (len(edges) + 1)
-    for v in values:
-        i = 0
-        while i < len(edges) and v >= edges[i]:
-            i += 1
-        counts[i] += 1
-    return counts
-
-
-def most_out_of_band(values: Iterable[float], rule: Rule) -> float | None:
-    """The value farthest outside the rule's clear band (the worst viewer), or None."""
-    def excess(v: float) -> float:
-        return max(v - rule.clear_high, rule.clear_low - v)
-
-    return max(values, key=excess, default=None)
-
-
-def viewers_over_bound(rows: Iterable[tuple[str, int, int]]) -> dict[str, int]:
-    """Per stream, the viewers whose channel holds more than its bound (stream, bytes, bound)."""
-    over: dict[str, int] = {}
-    for stream, waiting, bound in rows:
-        if waiting > bound:
-            over[stream] = over.get(stream, 0) + 1
-    return over
-
-
-def clock_alert_values(state: str, sources: list[str]) -> dict[str, float]:
-    """The clock alerts' inputs from the house clock's state (clock/service.py STATES).
-
-    Free-running with sources configured means every one of them is gone (holdover expired or
-    none ever answered); without sources free-running is the configured normal.
-    """
-    return {
-        "clock_source_lost": float(bool(sources) and state == "freerun"),
-        "clock_holdover": float(state == "holdover"),
-        "clock_slewing": float(state == "slewing"),
-    }
-
-
-def _r(value: float | None, digits: int = 3) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 class ProbeService(RelayObserver):
@@ -171,15 +124,6 @@ class ProbeService(RelayObserver):
         self._tasks = Tasks("probe", log)
 
     # --- component ------------------------------------------------------------------------
-
-    def add_routes(self, app: web.Application) -> None:
-        r = app.router
-        r.add_get(f"/api/streams/{STREAM_PATTERN}/sync", self._stream_route)
-        r.add_get("/api/alerts", self._alerts_route)
-        r.add_get("/api/gpu", self._gpu_route)
-        r.add_post("/api/gpu/report", self._gpu_report_route)
-        r.add_get("/api/dashboard/ws", self.hub.handle)
-        r.add_get("/dashboard", self._dashboard_page)
 
     async def start(self) -> None:
         self.relay.add_observer(self)
@@ -292,7 +236,7 @@ class ProbeService(RelayObserver):
         if (report.stream != stream or not all(0 <= n <= MAX_REPORT_COUNT for n in counts)
                 or abs(report.av_skew_ms) > MAX_SKEW_MS
                 or abs(report.caption_error_ms) > MAX_CAPTION_ERROR_MS):
-            self._bad("playout")
+            self.bad_input("playout")
             log.info("playout report from viewer %s refused: %s", viewer_id[:8], report)
             return False
         sp = self._stream(stream)
@@ -306,7 +250,7 @@ class ProbeService(RelayObserver):
             sp.caption_errors.append(report.caption_error_ms)
         return True
 
-    def _bad(self, kind: str) -> None:
+    def bad_input(self, kind: str) -> None:
         self.bad_inputs[kind] = self.bad_inputs.get(kind, 0) + 1
 
     # --- alerts -----------------------------------------------------------------------------
@@ -467,7 +411,7 @@ class ProbeService(RelayObserver):
         audio, video = sp.track_stats.get("audio"), sp.track_stats.get("video")
         if audio is None or video is None:
             return None
-        return _r(capture_skew_ms(audio.fit.model(), video.fit.model(), now))
+        return round_or_none(capture_skew_ms(audio.fit.model(), video.fit.model(), now))
 
     def _bitrates(self, name: str) -> dict[str, int]:
         relayed = self.relay.stream(name)
@@ -481,17 +425,7 @@ class ProbeService(RelayObserver):
         streams = {}
         for name, sp in self.streams.items():
             relayed = self.relay.stream(name)
-            tracks = {}
-            for kind, t in sp.track_stats.items():
-                m = t.fit.model()
-                tracks[kind] = {
-                    "jitter_ms": _r(t.jitter.jitter_ms), "frame_rms_ms": _r(t.frame_jitter_rms_ms),
-                    "frame_p2p_ms": _r(t.frame_jitter_p2p_ms), "kurtosis": _r(t.kurtosis),
-                    "drift_ppm": None if m is None else _r(m.rate_error_ppm),
-                    "offset_ms": None if m is None else _r(m.offset_ms),
-                    "basis": None if m is None else m.basis,
-                    "discontinuities": t.discontinuity_count,
-                }
+            tracks = {kind: views.track_figures(t) for kind, t in sp.track_stats.items()}
             summary = viewer_summary(sp.viewers.values())
             rr = summary["rr_jitter_ms"]
             assert isinstance(rr, dict)
@@ -509,47 +443,18 @@ class ProbeService(RelayObserver):
                                                          CAPTION_ERROR_EDGES_MS),
                 "clock_error_ms": summary["clock_error_ms"],
                 "resyncs": sp.resyncs,
-                "caption_lag_ms": self._caption_lag_figures(name),
-                "dub_lag_ms": self._dub_lag_figures(name),
+                "caption_lag_ms": views.caption_lag_figures(self.speech, name),
+                "dub_lag_ms": views.dub_lag_figures(self.speech, name),
             }
-        sample = self.gpu_sample
         return {
             "type": "tick",
             "t_ns": now,
             "streams": streams,
             "clock": clock,
-            "gpu": {
-                "available": sample.available, "reason": sample.reason,
-                "devices": [{"index": d.index, "name": d.name, "used_pct": round(d.used_pct, 2),
-                             "used_bytes": d.used_bytes, "total_bytes": d.total_bytes,
-                             "utilization_pct": d.utilization_pct} for d in sample.devices],
-                "renderers": [
-                    {"renderer": s.report.renderer, "stream": s.report.stream,
-                     "fragmentation": round(s.report.fragmentation, 4),
-                     "reserved_ratio": _r(s.report.reserved_ratio),
-                     "reserved_bytes": s.report.reserved_bytes,
-                     "allocated_bytes": s.report.allocated_bytes}
-                    for s in self.renderers],
-            },
+            "gpu": views.gpu_figures(self.gpu_sample, self.renderers),
             "alerts": self.alerts.active(),
             "events": [e.as_dict() for e in events],
         }
-
-    def _caption_lag_figures(self, name: str) -> dict[str, dict[str, float | int | None]]:
-        """Per language, the figures the dashboard plots and lists each tick."""
-        if self.speech is None:
-            return {}
-        return {lang: {"recent_median": r.recent_median_ms, "median": r.median_ms,
-                       "p95": r.p95_ms, "matched": r.matched}
-                for lang, r in self.speech.reports(name).items()}
-
-    def _dub_lag_figures(self, name: str) -> dict[str, Any] | None:
-        dub = self.speech.dub_report(name) if self.speech is not None else None
-        if dub is None:
-            return None
-        source, r = dub
-        return {"source": source, "recent_median": r.recent_median_ms, "median": r.median_ms,
-                "matched": r.matched}
 
     def stream_status(self, name: str, now: int) -> dict[str, Any]:
         """``GET /api/streams/{stream}/sync``: every statistic per track, and the viewers."""
@@ -570,48 +475,16 @@ class ProbeService(RelayObserver):
             "viewers": viewer_summary(v for _, v in viewers),
             "viewer_list": [{"id": vid, **v.summary()} for vid, v in viewers[:VIEWER_LIST_MAX]],
             "caption_error_ms_recent": [round(e, 3) for e in sp.caption_errors],
-            **self._speech_status(name),
+            **views.speech_status(self.speech, name),
             "alerts": [a for a in self.alerts.active() if a["subject"] == name],
         }
 
-    def _speech_status(self, name: str) -> dict[str, Any]:
-        """The stream's speech timeline and its captions' lag to the voice, or why there is
-        none (``speech.state``)."""
-        if self.speech is None:
-            return {"speech": {"state": "off", "reason": "speech_detect is off"},
-                    "caption_lag": {}, "dub": None}
-        status = self.speech.status(name)
-        if status is None:
-            return {"speech": {"state": NO_AUDIO, "reason": "no audio packet yet"},
-                    "caption_lag": {}, "dub": self.speech.dub_status(name)}
-        return status
-
-    # --- routes -------------------------------------------------------------------------------
-
-    async def _stream_route(self, request: web.Request) -> web.Response:
-        name = request.match_info["stream"]
-        if name not in self.streams and self.relay.stream(name) is None:
-            raise NotFound(f"no stream {name}")
-        return json_ok(self.stream_status(name, self.now_ns()))
-
-    async def _alerts_route(self, request: web.Request) -> web.Response:
-        return json_ok({
-            "active": self.alerts.active(),
-            "recent": [e.as_dict() for e in self.alerts.recent],
-            "rules": self.alerts.catalogue(),
-        })
-
-    async def _gpu_route(self, request: web.Request) -> web.Response:
-        return json_ok({"nvml": self.gpu_sample.as_dict(),
-                        "renderers": [s.as_dict() for s in self.renderers]})
-
-    async def _gpu_report_route(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "GPU reports")
+    def gpu_report(self, obj: object) -> dict[str, Any]:
+        """Take a renderer's allocator report (``POST /api/gpu/report``); its state as JSON."""
         try:
-            obj = await read_json(request, self.settings.max_body_bytes)
             report = AllocatorReport.parse(obj)
         except BadInput:
-            self._bad("gpu_report")
+            self.bad_input("gpu_report")
             raise
         now = self.now_ns()
         sp = self.streams.get(report.stream) if report.stream is not None else None
@@ -622,7 +495,5 @@ class ProbeService(RelayObserver):
                      f"stream {report.stream}" if report.stream else "")
         answer = state.as_dict()
         del answer["history"]
-        return json_ok(answer)
+        return answer
 
-    async def _dashboard_page(self, request: web.Request) -> web.FileResponse:
-        return web.FileResponse(WEB_DIR / "dashboard.html")

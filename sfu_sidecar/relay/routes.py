@@ -73,6 +73,11 @@ def parse_via(request: web.Request) -> tuple[str, ...]:
     return nodes
 
 
+def add_routes(app: web.Application, service: RelayService) -> None:
+    """The relay's routes on ``app``, as every component registers its own."""
+    RelayRoutes(service).add(app)
+
+
 class RelayRoutes:
     """The relay's HTTP resources: WHIP sessions, WHEP sessions and the stream status routes."""
 

@@ -28,14 +28,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from aiohttp import web
-
 from sfu_sidecar import logs
 from sfu_sidecar.captions.events import Cue, CueRetract, SubscriptionLost
 from sfu_sidecar.captions.service import CaptionService
 from sfu_sidecar.config import Settings
-from sfu_sidecar.exceptions import BadInput, NotFound
-from sfu_sidecar.httpapi import json_ok, read_json, require_publish
 from sfu_sidecar.relay.hooks import PacketInfo, PublisherHandle, RelayObserver, RelayView
 from sfu_sidecar.speech.decode import OpusDecoder
 from sfu_sidecar.speech.detector import SpeechDetector
@@ -43,7 +39,6 @@ from sfu_sidecar.speech.dub import DubLagMeter, DubReport
 from sfu_sidecar.speech.lag import CaptionLagMeter, CueLag, LagReport, Outcome
 from sfu_sidecar.speech.segments import SpeechSegment
 from sfu_sidecar.speech.vad import make_vad
-from sfu_sidecar.streamname import ROUTE_VARIABLE, RULE, is_stream_name
 from sfu_sidecar.syncchannel.service import SyncService
 from sfu_sidecar.tasks import Tasks
 
@@ -417,75 +412,6 @@ class SpeechService(RelayObserver):
                 "recent_median_ms": r.recent_median_ms,
                 "drift_ms_per_min": r.drift_ms_per_min,
                 "lags": [[t, round(ms, 3)] for t, ms in r.lags[-50:]]}
-
-    # --- routes -----------------------------------------------------------------------------
-
-    def add_routes(self, app: web.Application) -> None:
-        path = f"/api/streams/{ROUTE_VARIABLE}/dub"
-        app.router.add_get(path, self._dub_get)
-        app.router.add_put(path, self._dub_put)
-        app.router.add_delete(path, self._dub_delete)
-        path = f"/api/streams/{ROUTE_VARIABLE}/caption-align"
-        app.router.add_get(path, self._align_get)
-        app.router.add_put(path, self._align_put)
-
-    async def _json_field(self, request: web.Request, key: str) -> object:
-        """``key`` of a JSON object body (None when absent or not an object)."""
-        doc = await read_json(request, self.settings.max_body_bytes)
-        return doc.get(key) if isinstance(doc, dict) else None
-
-    async def _align_get(self, request: web.Request) -> web.Response:
-        name = request.match_info["stream"]
-        return json_ok({"stream": name, "mode": self.align_mode(name),
-                        "max_ms": self.settings.caption_align_max_ms})
-
-    async def _align_put(self, request: web.Request) -> web.Response:
-        """This stream's caption_align mode, over the setting's (``{"mode": MODE}``)."""
-        require_publish(request, self.settings, "caption alignment")
-        name = request.match_info["stream"]
-        mode = await self._json_field(request, "mode")
-        if mode not in ALIGN_MODES:
-            raise BadInput(f'body must be {{"mode": MODE}}, MODE one of {", ".join(ALIGN_MODES)}')
-        if len(self.align_modes) >= MAX_ALIGN_MODES and name not in self.align_modes:
-            raise BadInput(f"at most {MAX_ALIGN_MODES} streams may override caption_align")
-        self.align_modes[name] = mode
-        log.info("stream %s: caption_align %s", name, mode)
-        return json_ok({"stream": name, "mode": mode,
-                        "max_ms": self.settings.caption_align_max_ms})
-
-    async def _dub_get(self, request: web.Request) -> web.Response:
-        name = request.match_info["stream"]
-        status = self.dub_status(name)
-        if status is None:
-            raise NotFound(f"stream {name} follows no source (PUT a source to declare one)")
-        return json_ok({"dub": name, **status})
-
-    async def _dub_put(self, request: web.Request) -> web.Response:
-        """Declare the stream a dub of ``source``: its speech is matched to the source's."""
-        require_publish(request, self.settings, "dub declarations")
-        name = request.match_info["stream"]
-        source = await self._json_field(request, "source")
-        if not is_stream_name(source):
-            raise BadInput(f'body must be {{"source": STREAM}}, a stream name of {RULE}')
-        if source == name:
-            raise BadInput("a stream cannot be a dub of itself")
-        if source in self.dubs:
-            raise BadInput(f"stream {source} is itself a dub; name the stream it follows")
-        if any(f.source == name for f in self.dubs.values()):
-            raise BadInput(f"stream {name} is the source of a dub; it cannot be a dub too")
-        current = self.dubs.get(name)
-        if current is None or current.source != source:
-            self.dubs[name] = DubFollow(source)  # a new source: its figures start afresh
-            log.info("stream %s declared a dub of %s", name, source)
-        return json_ok({"dub": name, "source": source})
-
-    async def _dub_delete(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "dub declarations")
-        name = request.match_info["stream"]
-        if self.dubs.pop(name, None) is None:
-            raise NotFound(f"stream {name} follows no source")
-        return web.Response(status=204)
-
 
 def report_dict(report: LagReport, *, lags: int = 50) -> dict[str, Any]:
     """A lag report as JSON: figures in ms, the last ``lags`` per-cue lags for a plot."""

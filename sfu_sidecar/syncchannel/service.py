@@ -16,14 +16,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
-
-from aiohttp import web
 
 from sfu_sidecar import logs
 from sfu_sidecar.captions.service import CaptionService
-from sfu_sidecar.httpapi import json_ok
 from sfu_sidecar.metrics import Metrics
 from sfu_sidecar.relay.hooks import (
     ABS_CAPTURE_TIME,
@@ -37,7 +33,7 @@ from sfu_sidecar.relay.hooks import (
     ViewerHandle,
 )
 from sfu_sidecar.sync.abscapture import build_abs_capture_time
-from sfu_sidecar.sync.feed import PublisherSync, ViewerSync
+from sfu_sidecar.sync.feed import ViewerSync
 from sfu_sidecar.sync.mapping import CaptureTime
 from sfu_sidecar.sync.wire import (
     ClockReport,
@@ -52,6 +48,7 @@ from sfu_sidecar.sync.wire import (
     Telemetry,
     parse_message,
 )
+from sfu_sidecar.syncchannel.entries import PublisherEntry, ViewerEntry
 from sfu_sidecar.tasks import Tasks
 
 log = logs.get("sync")
@@ -71,32 +68,6 @@ EPOCH_SETTLE_NS = 2_000_000_000
 STATE_REPEAT_NS = 1_000_000_000
 
 
-@dataclass
-class _Viewer:
-    session: ViewerHandle
-    sync: ViewerSync
-    channel: DataChannel | None = None
-    telemetry: Telemetry | None = None
-    clock_report: ClockReport | None = None
-    started_ns: int = 0
-    state_sent_ns: int = 0  # when the publisher state last went into the batcher
-    # The batcher's drop counts already added to sync_records_dropped, by reason.
-    drops_counted: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass
-class _Publisher:
-    sync: PublisherSync = field(default_factory=PublisherSync)
-    # The publisher packet whose capture time is current: every viewer's observer for that
-    # packet runs before the next packet arrives, so one entry per kind is the whole cache.
-    last: dict[str, tuple[int, int, CaptureTime]] = field(default_factory=dict)
-    publisher_id: str | None = None
-    channel: DataChannel | None = None
-    clock_report: ClockReport | None = None
-    first_frame: tuple[int, int] | None = None  # (RTP timestamp, arrival ns) of frame one
-    epoch_fixed: bool = False
-
-
 class SyncService(RelayObserver):
     """Component: sync metadata for every viewer of every stream."""
 
@@ -113,8 +84,8 @@ class SyncService(RelayObserver):
         self.relay = relay
         self.captions = captions
         self.now_ns = now_ns
-        self.publishers: dict[str, _Publisher] = {}
-        self.viewers: dict[str, _Viewer] = {}
+        self.publishers: dict[str, PublisherEntry] = {}
+        self.viewers: dict[str, ViewerEntry] = {}
         # Channels that opened before their viewer's transport counted as connected.
         self._pending_channels: dict[str, DataChannel] = {}
         self._tasks = Tasks("sync", log)
@@ -139,9 +110,6 @@ class SyncService(RelayObserver):
 
     # --- component ------------------------------------------------------------------------
 
-    def add_routes(self, app: web.Application) -> None:
-        app.router.add_get("/api/sync", self._status_route)
-
     async def start(self) -> None:
         self.relay.add_observer(self)
         self._tasks.start("poll", self._poll_loop())
@@ -154,13 +122,13 @@ class SyncService(RelayObserver):
 
     # --- relay hooks ------------------------------------------------------------------------
 
-    def _publisher(self, stream: str) -> _Publisher:
+    def _publisher(self, stream: str) -> PublisherEntry:
         pub = self.publishers.get(stream)
         if pub is None:
-            pub = self.publishers[stream] = _Publisher()
+            pub = self.publishers[stream] = PublisherEntry()
         return pub
 
-    def _publisher_session(self, stream: str, publisher_id: str) -> _Publisher:
+    def _publisher_session(self, stream: str, publisher_id: str) -> PublisherEntry:
         """The stream's state, reset when a new publisher session shows up (whichever of its
         transport, channel or first packet is seen first)."""
         pub = self._publisher(stream)
@@ -200,14 +168,14 @@ class SyncService(RelayObserver):
         publisher = self._live_publisher(stream_name)
         return publisher is not None and publisher.upstream_live
 
-    def _relayed(self, stream_name: str, pub: _Publisher) -> bool:
+    def _relayed(self, stream_name: str, pub: PublisherEntry) -> bool:
         """Whether ``stream_name``'s publisher is a pull from another sidecar whose clock it
         joined: its epoch and captions are the upstream's."""
         publisher = self._live_publisher(stream_name)
         return (publisher is not None and publisher.relayed
                 and publisher.id == pub.publisher_id)
 
-    def _send_state(self, entry: _Viewer, now_ns: int) -> None:
+    def _send_state(self, entry: ViewerEntry, now_ns: int) -> None:
         stream = entry.session.stream_name
         entry.sync.batcher.add_control(PublisherState(stream, self._publisher_live(stream)))
         entry.state_sent_ns = now_ns
@@ -250,7 +218,7 @@ class SyncService(RelayObserver):
         return last[2]
 
     def _maybe_fix_epoch(
-        self, stream: str, pub: _Publisher, packet: PacketInfo, capture: CaptureTime
+        self, stream: str, pub: PublisherEntry, packet: PacketInfo, capture: CaptureTime
     ) -> None:
         """The stream epoch is the capture time of its first frame (captions/service.py).
 
@@ -301,7 +269,7 @@ class SyncService(RelayObserver):
         channel.on_message(lambda data: self._on_viewer_message(viewer_id, channel, data))
 
     def viewer_connected(self, viewer: ViewerHandle) -> None:
-        entry = _Viewer(viewer, ViewerSync(), started_ns=self.now_ns())
+        entry = ViewerEntry(viewer, ViewerSync(), started_ns=self.now_ns())
         stream = viewer.stream_name
         for kind, output in viewer.outputs.items():
             entry.sync.add_track(kind, output.mid or "")
@@ -317,7 +285,7 @@ class SyncService(RelayObserver):
         if entry is not None:
             self._count_drops(entry)
 
-    def _count_drops(self, entry: _Viewer) -> None:
+    def _count_drops(self, entry: ViewerEntry) -> None:
         """Bring sync_records_dropped up to the viewer's batcher counts, so a stalled viewer's
         drops show while it is still connected."""
         stats = entry.sync.batcher.stats
@@ -330,7 +298,7 @@ class SyncService(RelayObserver):
                 entry.drops_counted[reason] = total
 
     def _forwarded_observer(
-        self, entry: _Viewer, stream: str, kind: str
+        self, entry: ViewerEntry, stream: str, kind: str
     ) -> Callable[[PacketInfo, int], None]:
         def observe(packet: PacketInfo, viewer_ts: int) -> None:
             # Runs per packet per viewer: return early for everything but a frame's first
@@ -353,7 +321,7 @@ class SyncService(RelayObserver):
         return observe
 
     def _sr_rewriter(
-        self, entry: _Viewer, kind: str
+        self, entry: ViewerEntry, kind: str
     ) -> Callable[[SenderReport | None], SenderReport | None]:
         def rewrite(report: SenderReport | None) -> SenderReport | None:
             if report is None:
@@ -369,7 +337,7 @@ class SyncService(RelayObserver):
 
     # --- captions -----------------------------------------------------------------------------
 
-    def _catch_up(self, entry: _Viewer, stream: str) -> None:
+    def _catch_up(self, entry: ViewerEntry, stream: str) -> None:
         """Epoch and the cues around now, so a late joiner has what is on screen."""
         if self.captions is None:
             return
@@ -397,7 +365,7 @@ class SyncService(RelayObserver):
 
     # --- channel I/O ----------------------------------------------------------------------
 
-    def _attach(self, entry: _Viewer) -> DataChannel | None:
+    def _attach(self, entry: ViewerEntry) -> DataChannel | None:
         if entry.channel is None:
             entry.channel = self._pending_channels.pop(entry.session.id, None)
         if entry.channel is None or entry.channel.ready_state != "open":
@@ -437,7 +405,7 @@ class SyncService(RelayObserver):
         elif isinstance(control, Telemetry):
             entry.telemetry = control
 
-    def _on_publisher_message(self, pub: _Publisher, channel: DataChannel, data: Any) -> None:
+    def _on_publisher_message(self, pub: PublisherEntry, channel: DataChannel, data: Any) -> None:
         message = self._receive(channel, data, f"publisher {(pub.publisher_id or '?')[:8]}")
         if message is None:
             return
@@ -451,7 +419,7 @@ class SyncService(RelayObserver):
         elif isinstance(control, Epoch | Cue | CueRetract):
             self._mirror(pub, control)
 
-    def _mirror(self, pub: _Publisher, control: Epoch | Cue | CueRetract) -> None:
+    def _mirror(self, pub: PublisherEntry, control: Epoch | Cue | CueRetract) -> None:
         """The stream's epoch and captions as an upstream sidecar has them, taken over by
         this node; from any other publisher they are ignored (a publisher cannot write
         captions without the ingest token)."""
@@ -504,54 +472,3 @@ class SyncService(RelayObserver):
         while True:
             await asyncio.sleep(POLL_INTERVAL_S)
             self.poll_once()
-
-    # --- status -------------------------------------------------------------------------------
-
-    def viewer_status(self, entry: _Viewer, now_ns: int) -> dict[str, Any]:
-        stats = entry.sync.batcher.stats
-        elapsed_s = max((now_ns - entry.started_ns) / 1e9, 1e-9)
-        return {
-            "id": entry.session.id,
-            "stream": entry.session.stream_name,
-            "channel": entry.channel.ready_state if entry.channel is not None else None,
-            "messages": stats.messages,
-            "bytes": stats.bytes,
-            "records": stats.records,
-            "messages_per_s": round(stats.messages / elapsed_s, 3),
-            "bytes_per_s": round(stats.bytes / elapsed_s, 1),
-            "frames_dropped": stats.frames_dropped,
-            "frames_expired": stats.frames_expired,
-            "control_dropped": stats.control_dropped,
-            "stalls": stats.stalls,
-            # What waits for this viewer: in the batcher, and in the channel's own buffer.
-            "queued_frames": entry.sync.batcher.queued_frames,
-            "queued_control": entry.sync.batcher.queued_control,
-            "buffered_bytes": (
-                entry.channel.buffered_amount if entry.channel is not None else 0
-            ),
-            "clock_report": dataclasses.asdict(entry.clock_report) if entry.clock_report else None,
-            "telemetry": dataclasses.asdict(entry.telemetry) if entry.telemetry else None,
-        }
-
-    def publisher_status(self, stream: str) -> dict[str, Any]:
-        """Per track: where capture times come from and what became of the sender reports."""
-        pub = self.publishers.get(stream)
-        tracks: dict[str, Any] = {}
-        for kind, m in (pub.sync.mappings.items() if pub is not None else ()):
-            cur = m.current
-            tracks[kind] = {
-                "source": cur.source.name.lower() if cur is not None else None,
-                "estimated": cur.estimated if cur is not None else None,
-                "drift_ppb": cur.drift_ppb if cur is not None else None,
-                "sender_reports_refused": m.sr_rejected,
-                "sender_reports_distrusted": m.sr_distrust,
-                "frames_slewed": m.slewed,
-            }
-        return {"stream": stream, "tracks": tracks}
-
-    async def _status_route(self, request: web.Request) -> web.Response:
-        now = self.now_ns()
-        return json_ok({
-            "viewers": [self.viewer_status(v, now) for v in self.viewers.values()],
-            "publishers": [self.publisher_status(s) for s in self.publishers],
-        })

@@ -189,7 +189,7 @@ async def test_every_viewer_frame_maps_to_its_true_capture_time(
             epochs = [c for c in records.controls if isinstance(c, Epoch)]
             assert epochs and abs(epochs[0].epoch_ns - timeline.start_house_ns) <= TOLERANCE_NS
 
-            status = sync.viewer_status(sync.viewers[next(iter(sync.viewers))], time.time_ns())
+            status = sync.viewers[next(iter(sync.viewers))].status(time.time_ns())
             print(f"\nsync traffic per viewer: {status['messages_per_s']} messages/s, "
                   f"{status['bytes_per_s']} bytes/s")
             assert status["messages_per_s"] <= 5.5
