@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import json
 import os
 import secrets
 import sys
@@ -63,16 +62,20 @@ from sfu_sidecar.httpapi import CLIENT_HEADER, PROXY_KEY_HEADER
 from sfu_sidecar.lifecycle import stop_on_signals
 from sfu_sidecar.listeners import install_hsts
 from sfu_sidecar.workermetrics import SupervisorMetrics, merge
+from sfu_sidecar.workerproxy import (
+    HOP_BY_HOP,
+    free_port,
+    json_answer,
+    splice_websocket,
+    stream_answer,
+    stream_in_body,
+)
 
 log = logs.get("workers")
 
 RESTART_FIRST_S = 0.5
 RESTART_MAX_S = 5.0
 READY_TIMEOUT_S = 30.0
-HOP_BY_HOP = frozenset(h.lower() for h in (
-    "Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "TE", "Trailers",
-    "Transfer-Encoding", "Upgrade", "Host", "Content-Length", CLIENT_HEADER, PROXY_KEY_HEADER,
-))
 # Resources created by POST whose later requests must reach the same worker.
 OWNED = ("/whip/", "/whep/", "/api/taps/", "/api/feeds/", "/api/pushes/")
 
@@ -192,7 +195,7 @@ class Supervisor:
         self.machine = (self.settings.node_id or uuid.uuid4().hex[:12])[:48]
         self._http = aiohttp.ClientSession(auto_decompress=False)
         self.workers = [
-            Worker(i, _free_port(), self.settings.data_dir / f"worker-{i}", self.machine)
+            Worker(i, free_port(), self.settings.data_dir / f"worker-{i}", self.machine)
             for i in range(self.count)
         ]
         await asyncio.gather(*(self._spawn(w) for w in self.workers))
@@ -253,7 +256,7 @@ class Supervisor:
             return self.home(parts[2])
         if parts[:2] in (["api", "taps"], ["api", "feeds"], ["api", "pushes"]) \
                 and request.method == "POST":
-            stream = await _stream_in_body(request)
+            stream = await stream_in_body(request)
             return self.home(stream) if stream else self.workers[0]
         return self.workers[0]
 
@@ -287,13 +290,13 @@ class Supervisor:
                     assert task is not None
                     self._streaming.add(task)
                     try:
-                        return await _stream(request, resp, headers)
+                        return await stream_answer(request, resp, headers)
                     finally:
                         self._streaming.discard(task)
                 payload = await resp.read()
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
-            return _json(503, f"worker {worker.index} did not answer ({type(exc).__name__}); "
-                              "try again", {"Retry-After": "1"})
+            return json_answer(503, f"worker {worker.index} did not answer "
+                               f"({type(exc).__name__}); try again", {"Retry-After": "1"})
         if status == 201 and request.method == "POST" and "Location" in headers:
             self.owners[headers["Location"].split("?")[0]] = worker.index
         if (request.method == "DELETE" and status < 300) or status == 404:
@@ -313,31 +316,9 @@ class Supervisor:
                 target.replace("http://", "ws://", 1), headers=headers, max_msg_size=0,
             )
         except (aiohttp.ClientError, OSError) as exc:
-            return _json(503, f"worker {worker.index} did not answer ({exc})",
+            return json_answer(503, f"worker {worker.index} did not answer ({exc})",
                          {"Retry-After": "1"})
-        client = web.WebSocketResponse(max_msg_size=0)
-        await client.prepare(request)
-
-        async def pump(source: Any, sink: Any) -> None:
-            async for message in source:
-                if message.type == aiohttp.WSMsgType.TEXT:
-                    await sink.send_str(message.data)
-                elif message.type == aiohttp.WSMsgType.BINARY:
-                    await sink.send_bytes(message.data)
-                else:
-                    break
-
-        tasks = [asyncio.ensure_future(pump(client, upstream)),
-                 asyncio.ensure_future(pump(upstream, client))]
-        try:
-            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in tasks:
-                task.cancel()
-            code = upstream.close_code
-            await upstream.close()
-            await client.close(code=code or aiohttp.WSCloseCode.OK)
-        return client
+        return await splice_websocket(request, upstream)
 
     # --- the supervisor's own routes --------------------------------------------------------
 
@@ -345,20 +326,21 @@ class Supervisor:
         try:
             return await self._handle(request)
         except web.HTTPException as exc:  # aiohttp's own refusals, e.g. a body over the limit
-            return _json(exc.status, exc.reason, {})
+            return json_answer(exc.status, exc.reason, {})
         except Exception:  # a fault of the supervisor itself: logged, answered, not a 500 page
             log.exception("supervisor failed on %s %s", request.method, request.path)
-            return _json(502, "the supervisor could not forward this request", {})
+            return json_answer(502, "the supervisor could not forward this request", {})
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         parts = request.path.strip("/").split("/")
         if request.path == "/healthz":
             down = [w.index for w in self.workers if not w.alive]
             if down:
-                return _json(503, f"workers {down} are down; restarting", {"Retry-After": "1"})
-            return _json(200, None, {}, {"status": "ok", "workers": len(self.workers)})
+                return json_answer(503, f"workers {down} are down; restarting",
+                                   {"Retry-After": "1"})
+            return json_answer(200, None, {}, {"status": "ok", "workers": len(self.workers)})
         if request.path == "/api/workers":
-            return _json(200, None, {}, {"workers": await self._status()})
+            return json_answer(200, None, {}, {"workers": await self._status()})
         if request.path == "/api/streams" and request.method == "GET":
             return await self._merged_streams()
         if request.path == "/metrics" and request.method == "GET":
@@ -367,14 +349,14 @@ class Supervisor:
             try:
                 worker = self.workers[int(parts[1])]
             except (ValueError, IndexError):
-                return _json(404, f"no worker {parts[1][:20]!r}")
+                return json_answer(404, f"no worker {parts[1][:20]!r}")
             rest = "/" + "/".join(parts[2:])
             query = f"?{request.query_string}" if request.query_string else ""
             return await self.forward(request, worker, rest + query)
         try:
             worker = await self.route(request)
         except web.HTTPNotFound as exc:
-            return _json(404, exc.reason)
+            return json_answer(404, exc.reason)
         return await self.forward(request, worker)
 
     async def _status(self) -> list[dict[str, Any]]:
@@ -405,7 +387,7 @@ class Supervisor:
             doc = await self._get_json(f"{w.base}/api/streams") if w.alive else None
             for s in (doc or {}).get("streams", []):
                 streams.append({**s, "worker": w.index})
-        return _json(200, None, {}, {"streams": streams})
+        return json_answer(200, None, {}, {"streams": streams})
 
     async def _merged_metrics(self, request: web.Request) -> web.Response:
         assert self._http is not None
@@ -430,49 +412,7 @@ class Supervisor:
     async def directory(self, request: web.Request) -> web.Response:
         """For the workers: the home of a stream (``HttpDirectory`` reads it)."""
         worker = self.home(request.match_info["stream"])
-        return _json(200, None, {}, {"node": worker.node_id, "url": worker.base})
-
-
-async def _stream_in_body(request: web.Request) -> str | None:
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        doc = json.loads(await request.read())
-        if isinstance(doc, dict) and isinstance(doc.get("stream"), str):
-            return str(doc["stream"])
-    return None
-
-
-async def _stream(request: web.Request, resp: aiohttp.ClientResponse,
-                  headers: dict[str, str]) -> web.StreamResponse:
-    """A worker's answer without a length, passed on as it comes (live captions, a segment
-    being made); one the worker cut off is cut off here too, so no client takes it for whole."""
-    out = web.StreamResponse(status=resp.status, headers=headers)
-    await out.prepare(request)
-    try:
-        async for chunk in resp.content.iter_any():
-            await out.write(chunk)
-    except ConnectionError:
-        return out  # the client left
-    except (aiohttp.ClientError, TimeoutError, asyncio.CancelledError):
-        # Cut off by the worker, or ended by the supervisor's shutdown: cut off here too.
-        if request.transport is not None:
-            request.transport.close()
-        return out
-    await out.write_eof()
-    return out
-
-
-def _json(status: int, reason: str | None, headers: dict[str, str] | None = None,
-          body: dict[str, Any] | None = None) -> web.Response:
-    doc = body if body is not None else {"error": reason}
-    return web.json_response(doc, status=status, headers=headers or {})
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+        return json_answer(200, None, {}, {"node": worker.node_id, "url": worker.base})
 
 
 def check(settings: Settings, count: int) -> None:
@@ -489,7 +429,7 @@ async def supervise(settings: Settings, count: int, argv: Sequence[str]) -> None
     directory.router.add_get("/streams/{stream}", supervisor.directory)
     directory_runner = web.AppRunner(directory, access_log=None)
     await directory_runner.setup()
-    supervisor.directory_port = _free_port()
+    supervisor.directory_port = free_port()
     await web.TCPSite(directory_runner, "127.0.0.1", supervisor.directory_port).start()
     public = web.Application(client_max_size=settings.max_body_bytes)
     public.router.add_route("*", "/{tail:.*}", supervisor.handle)

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("speech",),
     ("probe", "segments"),
     ("client",),
-    ("app",),
+    ("app", "workerproxy"),
     ("workers", "demo"),
     ("cli",),
     ("__main__",),
