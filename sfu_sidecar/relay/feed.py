@@ -35,16 +35,8 @@ from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.rtcp import SenderReport
 from sfu_sidecar.relay.sdp import FORWARDABLE, CodecInfo
 from sfu_sidecar.relay.session import StreamSlot, ViewerSink
-from sfu_sidecar.relay.tap import (
-    RETRY_AFTER_S,
-    Address,
-    UdpEndpoint,
-    check_address,
-    check_int,
-    check_keys,
-    check_stream,
-    is_rtcp,
-)
+from sfu_sidecar.relay.tap import RETRY_AFTER_S, Address, UdpEndpoint, is_rtcp
+from sfu_sidecar.relay.taprequest import check_address, check_int, check_keys, check_stream
 
 log = logs.get("relay.feed")
 

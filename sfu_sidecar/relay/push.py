@@ -55,7 +55,7 @@ from sfu_sidecar.relay.session import (
     codec_capabilities,
 )
 from sfu_sidecar.relay.streams import Streams
-from sfu_sidecar.relay.tap import check_keys, check_stream
+from sfu_sidecar.relay.taprequest import check_keys, check_stream
 from sfu_sidecar.sync.channel_join import join_over_channel
 from sfu_sidecar.sync.wire import ClockReport
 from sfu_sidecar.tasks import Tasks

@@ -32,7 +32,8 @@ from sfu_sidecar.relay.pull import VIA_HEADER
 from sfu_sidecar.relay.push import parse_push_request
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.session import PublisherSession, ViewerSession
-from sfu_sidecar.relay.tap import TapSession, parse_tap_request, tap_request_from_sdp
+from sfu_sidecar.relay.tap import TapSession
+from sfu_sidecar.relay.taprequest import parse_tap_request, tap_request_from_sdp
 from sfu_sidecar.settingvalues import NODE_ID, NODE_ID_RULE, IceServer
 from sfu_sidecar.streamname import ROUTE_VARIABLE
 

@@ -32,7 +32,8 @@ from sfu_sidecar.relay.session import (
     ViewerSink,
 )
 from sfu_sidecar.relay.streams import Stream, Streams
-from sfu_sidecar.relay.tap import TapRequest, TapSession
+from sfu_sidecar.relay.tap import TapSession
+from sfu_sidecar.relay.taprequest import TapRequest
 
 if TYPE_CHECKING:
     from sfu_sidecar.relay.redis_directory import StreamDirectory

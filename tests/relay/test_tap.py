@@ -21,7 +21,8 @@ import aiohttp
 import pytest
 
 from sfu_sidecar.relay import RelayService, rtcp
-from sfu_sidecar.relay.tap import TapSession, is_rtcp, parse_tap_request
+from sfu_sidecar.relay.tap import TapSession, is_rtcp
+from sfu_sidecar.relay.taprequest import parse_tap_request
 from sfu_sidecar.sync.wire import PublisherState, Source
 from tests.relay.conftest import Relay
 from tests.relay.peers import mid_of, view, wait_for
