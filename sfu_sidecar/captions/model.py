@@ -407,3 +407,32 @@ def _settings_of(cue: webvtt.VttCue) -> dict[str, Any]:
         "line_align": cue.line_align, "position": cue.position,
         "position_align": cue.position_align, "size": cue.size, "align": cue.align,
     }
+
+
+@dataclass(frozen=True, slots=True)
+class IngestResult:
+    cue: StoredCue
+    # "new", "updated", "unchanged", "stale" (interim after final: ignored), "interrupted"
+    # (a revision of a cue a barge-in retracted or cut: ignored)
+    result: str
+
+    def to_json(self) -> dict[str, object]:
+        out = self.cue.to_json()
+        out["result"] = self.result
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Interruption:
+    """What a barge-in did: the cues it retracted and the cues it cut short."""
+
+    stream: str
+    lang: str
+    at_ms: int | None  # None: the stream had no caption yet
+    retracted: tuple[str, ...]
+    cut: tuple[str, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {"stream": self.stream, "lang": self.lang,
+                "at": None if self.at_ms is None else webvtt.seconds_from_ms(self.at_ms),
+                "retracted": list(self.retracted), "cut": list(self.cut)}

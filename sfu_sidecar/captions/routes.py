@@ -217,7 +217,7 @@ class Api:
     async def chunk(self, request: web.Request) -> web.Response:
         stream = check_stream(request.match_info["stream"])
         lang = check_lang(request.match_info["lang"])
-        served = await self.service.chunk(stream, lang, int(request.match_info["n"]))
+        served = await self.service.serving.chunk(stream, lang, int(request.match_info["n"]))
         closed = served.state is chunks.ChunkState.CLOSED
         return web.Response(
             body=served.body,
@@ -232,7 +232,7 @@ class Api:
         stream = check_stream(request.match_info["stream"])
         lang = check_lang(request.match_info["lang"])
         start, end = _seconds_param(request, "start"), _seconds_param(request, "end")
-        body = self.service.window(stream, lang, start, end)
+        body = self.service.serving.window(stream, lang, start, end)
         return web.Response(
             body=body,
             headers={
@@ -245,7 +245,7 @@ class Api:
     async def playlist(self, request: web.Request) -> web.Response:
         stream = check_stream(request.match_info["stream"])
         lang = check_lang(request.match_info["lang"])
-        text, retry_s = self.service.playlist(stream, lang)
+        text, retry_s = self.service.serving.playlist(stream, lang)
         if text is None:
             raise NotFound(
                 "no caption chunk has closed yet", headers={"Retry-After": str(retry_s)}
