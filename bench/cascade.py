@@ -109,7 +109,7 @@ class FrameViewer:
         from aiortc import RTCPeerConnection, RTCSessionDescription
 
         from sfu_sidecar.relay import aiortc_adapter, sdp
-        from sfu_sidecar.relay.session import rtc_configuration
+        from sfu_sidecar.relay.peer import rtc_configuration
 
         for kind in ("audio", "video"):  # aiortc offers only the extensions it was told of
             aiortc_adapter.negotiate_header_extension(kind, ABS_CAPTURE_TIME)

@@ -46,7 +46,7 @@ def _free_port() -> int:
 def client_pc() -> Any:
     from aiortc import RTCPeerConnection
 
-    from sfu_sidecar.relay.session import rtc_configuration
+    from sfu_sidecar.relay.peer import rtc_configuration
 
     return RTCPeerConnection(rtc_configuration())
 
@@ -273,7 +273,7 @@ def _mediarelay_app() -> Any:
     from aiortc.contrib.media import MediaRelay
 
     from sfu_sidecar.relay import aiortc_adapter
-    from sfu_sidecar.relay.session import rtc_configuration
+    from sfu_sidecar.relay.peer import rtc_configuration
 
     _pin_vp8_bitrate()
     media = MediaRelay()

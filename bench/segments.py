@@ -359,7 +359,7 @@ class Viewer:
         from aiortc import RTCPeerConnection, RTCSessionDescription
 
         from sfu_sidecar.relay import aiortc_adapter, sdp
-        from sfu_sidecar.relay.session import rtc_configuration
+        from sfu_sidecar.relay.peer import rtc_configuration
 
         pc = RTCPeerConnection(rtc_configuration())
         pc.addTransceiver("audio", direction="recvonly")

@@ -1,6 +1,7 @@
 """The package's layering, read from its source: every import (at module level, inside a
 function, or for type checking only) goes from a higher layer to a lower one, no modules import
-each other in a cycle, and outside ``relay/`` only the app composes the relay's sessions.
+each other in a cycle, outside ``relay/`` only the app composes the relay's sessions, and no
+class takes state from two bases.
 
 The layers are the map in docs/architecture.md ("Layers"); a new module or package must be
 placed in one before this test passes.
@@ -151,6 +152,20 @@ def test_only_the_app_composes_the_relay() -> None:
                       if top(b) == "relay" and top(a) not in ("relay", RELAY_COMPOSER)
                       and b not in RELAY_PUBLIC)
     assert reaching == [], "relay internals used outside relay/:\n" + "\n".join(reaching)
+
+
+@pytest.mark.unit
+def test_no_class_inherits_state_from_two_bases() -> None:
+    """Composition over multiple inheritance: a class with several bases may add only
+    protocols (interfaces) to one base that carries state."""
+    mixed = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and len(node.bases) > 1:
+                others = [ast.unparse(b) for b in node.bases]
+                if "Protocol" not in others:
+                    mixed.append(f"{name}.{node.name}({', '.join(others)})")
+    assert mixed == []
 
 
 @pytest.mark.unit

@@ -34,9 +34,9 @@ from sfu_sidecar.relay.forwarder import OutputConfig, TrackForwarder, ViewerOutp
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
 from sfu_sidecar.relay.rtcp import SenderReport
 from sfu_sidecar.relay.sdp import FORWARDABLE, CodecInfo
-from sfu_sidecar.relay.session import StreamSlot, ViewerSink
 from sfu_sidecar.relay.tap import RETRY_AFTER_S, Address, UdpEndpoint, is_rtcp
 from sfu_sidecar.relay.taprequest import check_address, check_int, check_keys, check_stream
+from sfu_sidecar.relay.viewersink import ViewerSink, ViewerSlot
 
 log = logs.get("relay.feed")
 
@@ -122,14 +122,13 @@ class FeedSession(ViewerSink):
 
     def __init__(
         self,
-        stream: StreamSlot,
+        stream: ViewerSlot,
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
         request: FeedRequest,
     ) -> None:
         super().__init__("feed", stream, settings, now_ns, observers)
-        self._init_viewer()
         self.request = request
         self.endpoints: dict[str, UdpEndpoint] = {}
         self.rtcp_received = 0  # RTCP compounds from the receiver (it may send none)
@@ -167,8 +166,7 @@ class FeedSession(ViewerSink):
                 endpoint, media.rtcp_port if media.rtcp_port is not None else media.rtp_port)
             self.outputs[media.kind] = output
             self.stream.forwarder(media.kind, codec)
-        self.state = "sending"
-        self._start_outputs()
+        self._start_outputs()  # connected: it sends
         log.info("feed %s of %s to %s: %s", self.id[:8], self.stream.name, self.request.host,
                  ", ".join(f"{m.kind} rtp {m.rtp_port} rtcp {m.rtcp_port or m.rtp_port}"
                            for m in self.request.media))

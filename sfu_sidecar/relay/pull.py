@@ -51,13 +51,9 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
-from sfu_sidecar.relay.session import (
-    ENDED_DISCONNECTED,
-    ChannelHandle,
-    PublisherSource,
-    StreamSlot,
-    _PeerSession,
-)
+from sfu_sidecar.relay.peer import ChannelHandle, PeerLink
+from sfu_sidecar.relay.session import ENDED_DISCONNECTED, PublisherSlot, PublisherSource, later
+from sfu_sidecar.relay.sessionstate import SessionState
 from sfu_sidecar.sync.wire import (
     Batch,
     Control,
@@ -130,20 +126,22 @@ class LocalChannel:
                 log.exception("local channel handler failed")
 
 
-class PullSession(PublisherSource, _PeerSession):
+class PullSession(PublisherSource):
     """The publisher of a stream whose media comes from an upstream relay over WHEP."""
 
     def __init__(
         self,
-        stream: StreamSlot,
+        stream: PublisherSlot,
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
         upstream: Upstream,
         channel_limiter: MessageLimiter | None = None,
     ) -> None:
-        super().__init__("pull", stream, settings, now_ns, observers, channel_limiter)
-        self._init_publisher()
+        super().__init__("pull", stream, settings, now_ns, observers)
+        self.peer = PeerLink(f"pull {self.id[:8]} on {stream.name}", self._channel_opened,
+                             self._peer_state, channel_limiter)
+        self.pc = self.peer.pc
         self.upstream = upstream
         # Upstream controls that came before the observers had the local channel.
         self._held: list[bytes] | None = []
@@ -195,7 +193,6 @@ class PullSession(PublisherSource, _PeerSession):
                     "which the relay does not forward")
             self._add_track(m, m)  # the answer is the sender's: its SSRCs are in it
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
-        self.pc.on("connectionstatechange", self._on_state)
         self._tasks.start("tick", self._tick())
         self._tasks.start("connect-deadline", self._connect_deadline())
         if self.clock is not None:
@@ -247,19 +244,18 @@ class PullSession(PublisherSource, _PeerSession):
 
     # --- transport --------------------------------------------------------------------------
 
-    def _on_state(self) -> None:
-        state = self.pc.connectionState
-        self.state = state
-        if state == "connected" and not self.connected_once:
-            self.connected_once = True
+    def _peer_state(self, state: SessionState | None) -> None:
+        if state is None:
+            later(self.close(ENDED_DISCONNECTED))
+            return
+        first = state is SessionState.CONNECTED and not self.connected_once
+        if self.life.move(state) and first:
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
             self._notify("publisher_connected", lambda o: o.publisher_connected(self))
             self._notify("publisher_data_channel",
                          lambda o: o.publisher_data_channel(self, self._local))
             self._announce_clock()
-        elif state in ("failed", "closed"):
-            self._transport_lost()
 
     def _announce_clock(self) -> None:
         if self.clock is None or not self.connected_once:
@@ -326,7 +322,7 @@ class PullSession(PublisherSource, _PeerSession):
         if self.location is not None and self.ended_reason != ENDED_DISCONNECTED:
             # Free the upstream's viewer slot now rather than at its consent timeout.
             await remote.delete_resource(self.location, self.upstream.token)
-        await adapter.close_peer(self.pc)
+        await self.peer.close()
 
     def status(self) -> dict[str, object]:
         out = super().status()

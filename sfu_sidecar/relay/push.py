@@ -43,19 +43,12 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
-from sfu_sidecar.relay.session import (
-    ENDED_DELETED,
-    ENDED_DISCONNECTED,
-    ENDED_SHUTDOWN,
-    ChannelHandle,
-    IdleTrack,
-    StreamSlot,
-    ViewerSink,
-    _PeerSession,
-    codec_capabilities,
-)
+from sfu_sidecar.relay.peer import ChannelHandle, IdleTrack, PeerLink, codec_capabilities
+from sfu_sidecar.relay.session import ENDED_DELETED, ENDED_DISCONNECTED, ENDED_SHUTDOWN, later
+from sfu_sidecar.relay.sessionstate import SessionState
 from sfu_sidecar.relay.streams import Streams
 from sfu_sidecar.relay.taprequest import check_keys, check_stream
+from sfu_sidecar.relay.viewersink import ViewerSink, ViewerSlot
 from sfu_sidecar.sync.channel_join import join_over_channel
 from sfu_sidecar.sync.wire import ClockReport
 from sfu_sidecar.tasks import Tasks
@@ -87,12 +80,12 @@ def origin_of(url: str) -> str:
     return f"{parts.scheme}://{parts.netloc}"
 
 
-class PushSession(ViewerSink, _PeerSession):
+class PushSession(ViewerSink):
     """One WHIP session to the remote: this node offers, the remote answers."""
 
     def __init__(
         self,
-        stream: StreamSlot,
+        stream: ViewerSlot,
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
@@ -101,7 +94,9 @@ class PushSession(ViewerSink, _PeerSession):
         token: str | None,
     ) -> None:
         super().__init__("push", stream, settings, now_ns, observers)
-        self._init_viewer()
+        self.peer = PeerLink(f"push {self.id[:8]} of {stream.name}", self._channel_opened,
+                             self._peer_state)
+        self.pc = self.peer.pc
         self.url = url
         self.token = token
         self.location: str | None = None  # the remote's session resource
@@ -153,7 +148,6 @@ class PushSession(ViewerSink, _PeerSession):
             self.stream.forwarder(m.kind, wanted)
         if not self.outputs:
             raise PushError(f"{origin_of(self.url)} accepted none of the stream's tracks")
-        self.pc.on("connectionstatechange", self._on_state)
         self._tasks.start("connect-deadline", self._connect_deadline())
         log.info("push %s of %s to %s: %s", self.id[:8], self.stream.name,
                  origin_of(self.url),
@@ -174,18 +168,18 @@ class PushSession(ViewerSink, _PeerSession):
 
     # --- transport --------------------------------------------------------------------------
 
-    def _on_state(self) -> None:
-        state = self.pc.connectionState
-        self.state = state
-        if state == "connected" and not self.connected_once:
+    def _peer_state(self, state: SessionState | None) -> None:
+        if state is None:
+            later(self.close(ENDED_DISCONNECTED))
+            return
+        first = state is SessionState.CONNECTED and not self.connected_once
+        if self.life.move(state) and first:
             dtls = adapter.dtls_transports(self.pc)[0]
             send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
             for output in self.outputs.values():
                 output.transmit = send_rtp
             self._start_outputs()
             self._tasks.start("clock", self._clock_loop())
-        elif state in ("failed", "closed"):
-            self._transport_lost()
 
     async def _clock_loop(self) -> None:
         """Join the remote's house clock now and every CLOCK_REJOIN_S while it answers."""
@@ -220,7 +214,7 @@ class PushSession(ViewerSink, _PeerSession):
         if self.location is not None and self.ended_reason != ENDED_DISCONNECTED:
             # Free the remote's publisher slot now rather than at its consent timeout.
             await remote.delete_resource(self.location, self.token)
-        await adapter.close_peer(self.pc)
+        await self.peer.close()
 
     def status(self) -> dict[str, Any]:
         out = super().status()

@@ -28,10 +28,10 @@ from sfu_sidecar.limits import ClientSessions, client_key
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.feed import FeedSession, parse_feed_request
 from sfu_sidecar.relay.offer_check import validate_offer
+from sfu_sidecar.relay.peersessions import PublisherSession, ViewerSession
 from sfu_sidecar.relay.pull import VIA_HEADER
 from sfu_sidecar.relay.push import parse_push_request
 from sfu_sidecar.relay.service import RelayService
-from sfu_sidecar.relay.session import PublisherSession, ViewerSession
 from sfu_sidecar.relay.tap import TapSession
 from sfu_sidecar.relay.taprequest import parse_tap_request, tap_request_from_sdp
 from sfu_sidecar.settingvalues import NODE_ID, NODE_ID_RULE, IceServer
@@ -221,14 +221,14 @@ class RelayRoutes:
         self.clients.bind(client, session.id, lambda: not session.closed.is_set())
         kind = "whip" if publishing else "whep"
         location = f"/{kind}/{quote(name)}/{session.id}"
-        answer = session.answer_sdp
+        answer = session.peer.answer_sdp
         response = web.Response(
             status=201,
             body=answer.encode(),
             headers={
                 "Content-Type": SDP,
                 "Location": location,
-                "ETag": f'"{session.ice_ufrag or session.id}"',
+                "ETag": f'"{session.peer.ice_ufrag or session.id}"',
             },
         )
         for link in self._links():
@@ -256,7 +256,7 @@ class RelayRoutes:
             raise BadInput(f"trickle fragment has {lines} lines; at most "
                            f"{self.settings.max_sdp_lines} are accepted (setting max_sdp_lines)")
         trickle = sdpmod.parse_trickle(text)
-        await session.add_candidates(trickle)
+        await session.peer.add_candidates(trickle)
         return web.Response(status=204)
 
     async def delete(self, request: web.Request) -> web.Response:

@@ -21,19 +21,14 @@ from sfu_sidecar.relay.cascade import Cascade
 from sfu_sidecar.relay.directory import Directory, HttpDirectory, MachineThenShared
 from sfu_sidecar.relay.feed import FeedRequest, FeedSession
 from sfu_sidecar.relay.hooks import ABS_CAPTURE_TIME, RelayObserver
+from sfu_sidecar.relay.peersessions import PublisherSession, ViewerSession
 from sfu_sidecar.relay.pull import PullSession, Upstream
 from sfu_sidecar.relay.push import Pushes, PushSession
-from sfu_sidecar.relay.session import (
-    ENDED_REFUSED,
-    ENDED_SHUTDOWN,
-    PublisherSession,
-    PublisherSource,
-    ViewerSession,
-    ViewerSink,
-)
+from sfu_sidecar.relay.session import ENDED_REFUSED, ENDED_SHUTDOWN, PublisherSource
 from sfu_sidecar.relay.streams import Stream, Streams
 from sfu_sidecar.relay.tap import TapSession
 from sfu_sidecar.relay.taprequest import TapRequest
+from sfu_sidecar.relay.viewersink import ViewerSink
 
 if TYPE_CHECKING:
     from sfu_sidecar.relay.redis_directory import StreamDirectory

@@ -14,7 +14,8 @@ from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import TrackForwarder, ViewerOutput
 from sfu_sidecar.relay.hooks import RequestKeyframe, TrackTraffic
 from sfu_sidecar.relay.sdp import CodecInfo
-from sfu_sidecar.relay.session import PublisherSource, ViewerSink
+from sfu_sidecar.relay.session import PublisherSource
+from sfu_sidecar.relay.viewersink import ViewerSink
 
 log = logs.get("relay.streams")
 

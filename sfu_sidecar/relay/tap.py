@@ -33,7 +33,8 @@ from sfu_sidecar.exceptions import AtCapacity
 from sfu_sidecar.relay import rtcp
 from sfu_sidecar.relay.hooks import RelayObserver
 from sfu_sidecar.relay.receiver import PublisherTrack
-from sfu_sidecar.relay.session import PublisherSource, StreamSlot
+from sfu_sidecar.relay.session import PublisherSlot, PublisherSource
+from sfu_sidecar.relay.sessionstate import SessionState
 from sfu_sidecar.relay.taprequest import TapRequest
 from sfu_sidecar.relay.upstream import NackGenerator, ReceiveStatistics
 from sfu_sidecar.settingvalues import PortRange
@@ -124,14 +125,13 @@ class TapSession(PublisherSource):
 
     def __init__(
         self,
-        stream: StreamSlot,
+        stream: PublisherSlot,
         settings: Settings,
         now_ns: Callable[[], int],
         observers: list[RelayObserver],
         request: TapRequest,
     ) -> None:
         super().__init__("tap", stream, settings, now_ns, observers)
-        self._init_publisher()
         self.request = request
         self.media_ports: list[_MediaPorts] = []
         self.host = settings.host or "0.0.0.0"
@@ -160,8 +160,7 @@ class TapSession(PublisherSource):
                 media_ssrc=media.ssrc,
             ))
         self.stream.codecs.update({t.kind: t.codec for t in self.tracks})
-        self._send_rtcp = self._feedback
-        self.state = "waiting"
+        self._send_rtcp = self._feedback  # new (waiting) until media reaches a track
         self._tasks.start("tick", self._tick())
         self._tasks.start("connect-deadline", self._connect_deadline())
         log.info("tap %s on %s: %s on %s", self.id[:8], self.stream.name,
@@ -258,9 +257,7 @@ class TapSession(PublisherSource):
             return
         if self._receive_media(data, 0):
             self._media_hosts.add(host)
-            if not self.connected_once:
-                self.connected_once = True
-                self.state = "receiving"
+            if self.life.move(SessionState.CONNECTED):
                 self._notify("publisher_connected", lambda o: o.publisher_connected(self))
 
     def _rtcp_in(self, ports: _MediaPorts, endpoint: UdpEndpoint, data: bytes,

@@ -19,7 +19,7 @@ from sfu_sidecar.relay import (
     sdp,
 )
 from sfu_sidecar.relay.packet import RtpPacket, is_keyframe_start, seq_newer
-from sfu_sidecar.relay.session import ViewerSession
+from sfu_sidecar.relay.peersessions import ViewerSession
 from tests.relay.conftest import Relay
 from tests.relay.peers import (
     LOOPBACK,
@@ -361,7 +361,7 @@ async def test_hooks_see_packets_sender_reports_and_data_channels(relay: Relay) 
                        "publisher sender reports of both kinds")
         session = recorder.connected[0]
         assert session.accepts_data_channel
-        await wait_for(lambda: "hello" in session.data_channels, 5, "viewer's data channel")
+        await wait_for(lambda: "hello" in session.peer.data_channels, 5, "viewer's data channel")
         server_channel = session.pc.createDataChannel("sync")
         received: list[str] = []
         v_channels: dict[str, object] = {}

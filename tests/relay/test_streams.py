@@ -9,8 +9,8 @@ import pytest
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.exceptions import Conflict, NotFound
 from sfu_sidecar.relay.forwarder import OutputConfig, ViewerOutput
+from sfu_sidecar.relay.peersessions import PublisherSession
 from sfu_sidecar.relay.sdp import CodecInfo
-from sfu_sidecar.relay.session import PublisherSession
 from sfu_sidecar.relay.streams import Streams
 
 VP8 = CodecInfo(96, "vp8", 90000, None, {})
