@@ -314,6 +314,9 @@ class Pushes:
     def list(self) -> list[Push]:
         return list(self.by_id.values())
 
+    def find(self, push_id: str) -> Push | None:
+        return self.by_id.get(push_id)
+
     def get(self, push_id: str) -> Push:
         push = self.by_id.get(push_id)
         if push is None:

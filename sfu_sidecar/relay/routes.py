@@ -2,15 +2,15 @@
 
 ``POST /whip/{stream}`` / ``POST /whep/{stream}`` create a session resource
 (``/whip/{stream}/{session}``) that takes ``PATCH`` (trickle ICE) and ``DELETE``.
-``POST /api/taps`` creates a plain-RTP tap (``/api/taps/{tap}``) that takes ``GET`` and
-``DELETE``; ``POST /api/feeds`` a plain-RTP feed (``/api/feeds/{feed}``), the same way;
-``POST /api/pushes`` a push of a stream to a WHIP endpoint (``/api/pushes/{push}``), too.
+``POST /api/taps`` creates a plain-RTP tap (``/api/taps/{tap}``), ``POST /api/feeds`` a
+plain-RTP feed and ``POST /api/pushes`` a push of a stream to a WHIP endpoint; the three share
+one set of create, list, get and delete routes (``resources.py``).
 """
 
 from __future__ import annotations
 
-import json
-from typing import NoReturn
+from collections.abc import Awaitable
+from typing import Any, NoReturn
 from urllib.parse import quote
 
 from aiohttp import web
@@ -20,6 +20,7 @@ from sfu_sidecar.httpapi import (
     ingest_allowed,
     json_ok,
     read_body,
+    read_json,
     require_bearer,
     require_content_type,
     require_publish,
@@ -30,7 +31,9 @@ from sfu_sidecar.relay.feed import FeedSession, parse_feed_request
 from sfu_sidecar.relay.offer_check import validate_offer
 from sfu_sidecar.relay.peersessions import PublisherSession, ViewerSession
 from sfu_sidecar.relay.pull import VIA_HEADER
-from sfu_sidecar.relay.push import parse_push_request
+from sfu_sidecar.relay.push import Push, parse_push_request
+from sfu_sidecar.relay.resources import Resources
+from sfu_sidecar.relay.resources import end_session as _end_session
 from sfu_sidecar.relay.service import RelayService
 from sfu_sidecar.relay.tap import TapSession
 from sfu_sidecar.relay.taprequest import parse_tap_request, tap_request_from_sdp
@@ -41,9 +44,6 @@ SDP = "application/sdp"
 TRICKLE = "application/trickle-ice-sdpfrag"
 STREAM_PATTERN = ROUTE_VARIABLE
 SESSION_PATTERN = r"{session:[0-9a-f]{32}}"
-TAP_PATTERN = r"{tap:[0-9a-f]{32}}"
-FEED_PATTERN = r"{feed:[0-9a-f]{32}}"
-PUSH_PATTERN = r"{push:[0-9a-f]{32}}"
 
 Session = PublisherSession | ViewerSession
 # Sessions end when their peers leave, not on a schedule: a few seconds is a fair next try.
@@ -97,21 +97,17 @@ class RelayRoutes:
             r.add_delete(f"/{kind}/{STREAM_PATTERN}/{SESSION_PATTERN}", self.delete)
             # Anything else under a resource: 404 with the JSON body, not a bare 405.
             r.add_route("*", f"/{kind}/{{stream}}/{{session}}", self.unknown)
-        r.add_post("/api/taps", self.create_tap)
-        r.add_get("/api/taps", self.list_taps)
-        r.add_get(f"/api/taps/{TAP_PATTERN}", self.get_tap)
-        r.add_delete(f"/api/taps/{TAP_PATTERN}", self.delete_tap)
-        r.add_route("*", "/api/taps/{tap}", self.unknown)
-        r.add_post("/api/feeds", self.create_feed)
-        r.add_get("/api/feeds", self.list_feeds)
-        r.add_get(f"/api/feeds/{FEED_PATTERN}", self.get_feed)
-        r.add_delete(f"/api/feeds/{FEED_PATTERN}", self.delete_feed)
-        r.add_route("*", "/api/feeds/{feed}", self.unknown)
-        r.add_post("/api/pushes", self.create_push)
-        r.add_get("/api/pushes", self.list_pushes)
-        r.add_get(f"/api/pushes/{PUSH_PATTERN}", self.get_push)
-        r.add_delete(f"/api/pushes/{PUSH_PATTERN}", self.delete_push)
-        r.add_route("*", "/api/pushes/{push}", self.unknown)
+        pushes = self.service.pushes
+        for resources in (
+            Resources("taps", "tap", "tapping", self.create_tap, self.service.find_tap,
+                      self.service.taps, _end_session),
+            Resources("feeds", "feed", "feeding", self.create_feed, self.service.find_feed,
+                      self.service.feeds, _end_session),
+            # Every push route asks for the publish token: a WHIP URL may hold a key.
+            Resources("pushes", "push", "pushing", self.create_push, pushes.find, pushes.list,
+                      self._end_push, private=True),
+        ):
+            resources.add(r, self.settings, self.unknown)
         r.add_get("/api/streams", self.list_streams)
         r.add_get(f"/api/streams/{STREAM_PATTERN}", self.get_stream)
 
@@ -268,133 +264,60 @@ class RelayRoutes:
     async def unknown(self, request: web.Request) -> web.Response:
         raise NotFound(f"no resource {request.method} {request.path}")
 
-    # --- RTP taps -------------------------------------------------------------------------
+    # --- taps, feeds and pushes: made here, listed, read and ended by Resources ---------------
 
-    async def create_tap(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "tapping")
+    async def create_tap(self, request: web.Request) -> tuple[str, dict[str, Any]]:
         client = client_key(request.remote)
         self._check_limits("", client, publishing=True)
-        ctype = require_content_type(request, "application/json", SDP)
-        if ctype == SDP:
+        if require_content_type(request, "application/json", SDP) == SDP:
             # The SDP a plain-RTP sender writes; the stream (and a source) in the query.
             text = (await self._sdp_body(request)).decode("utf-8", "replace")
             tap_request = tap_request_from_sdp(
                 text, request.query.get("stream"), request.query.get("source"),
                 self.settings.max_sdp_lines, request.query.get("sender_clock"))
         else:
-            body = await read_body(request, self.settings.max_body_bytes)
-            try:
-                data = json.loads(body)
-            except (UnicodeDecodeError, ValueError, RecursionError):
-                raise BadInput("body is not JSON") from None
-            tap_request = parse_tap_request(data)
+            tap_request = parse_tap_request(
+                await read_json(request, self.settings.max_body_bytes))
         self._check_limits("", client, publishing=True)
-        self.clients.reserve(client)
-        try:
-            tap = await self.service.tap(tap_request)
-        except BaseException:
-            self.clients.release(client)
-            raise
-        self.clients.bind(client, tap.id, lambda: not tap.closed.is_set())
-        location = f"/api/taps/{tap.id}"
-        return json_ok({**tap.description(), "location": location}, status=201,
-                       headers={"Location": location})
+        tap = await self._reserved(client, self.service.tap(tap_request))
+        return tap.id, tap.description()
 
-    def _tap(self, request: web.Request) -> TapSession:
-        tap = self.service.find_tap(request.match_info["tap"])
-        if tap is None:
-            raise NotFound(f"no tap {request.match_info['tap']}")
-        return tap
-
-    async def list_taps(self, request: web.Request) -> web.Response:
-        return json_ok({"taps": [t.status() for t in self.service.taps()]})
-
-    async def get_tap(self, request: web.Request) -> web.Response:
-        return json_ok(self._tap(request).status())
-
-    async def delete_tap(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "tapping")
-        tap = self._tap(request)
-        await tap.close()
-        return json_ok({"id": tap.id, "state": tap.state, "ended": tap.ended_reason})
-
-    # --- RTP feeds ------------------------------------------------------------------------
-
-    async def create_feed(self, request: web.Request) -> web.Response:
+    async def create_feed(self, request: web.Request) -> tuple[str, dict[str, Any]]:
         # Sending media to an address of the caller's choosing is publishing's privilege, not
         # viewing's: whoever may do it can point a stream's bitrate at any host.
-        require_publish(request, self.settings, "feeding")
         client = client_key(request.remote)
-        require_content_type(request, "application/json")
-        body = await read_body(request, self.settings.max_body_bytes)
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise BadInput("body is not JSON") from None
-        feed_request = parse_feed_request(data)
+        feed_request = parse_feed_request(
+            await read_json(request, self.settings.max_body_bytes))
         # A feed is a viewer of its stream: the viewer limits apply to it.
         self._check_limits(feed_request.stream, client, publishing=False)
-        self.clients.reserve(client)
-        try:
-            feed = await self.service.feed(feed_request)
-        except BaseException:
-            self.clients.release(client)
-            raise
-        self.clients.bind(client, feed.id, lambda: not feed.closed.is_set())
-        location = f"/api/feeds/{feed.id}"
-        return json_ok({**feed.description(), "location": location}, status=201,
-                       headers={"Location": location})
+        feed = await self._reserved(client, self.service.feed(feed_request))
+        return feed.id, feed.description()
 
-    def _feed(self, request: web.Request) -> FeedSession:
-        feed = self.service.find_feed(request.match_info["feed"])
-        if feed is None:
-            raise NotFound(f"no feed {request.match_info['feed']}")
-        return feed
-
-    async def list_feeds(self, request: web.Request) -> web.Response:
-        return json_ok({"feeds": [f.status() for f in self.service.feeds()]})
-
-    async def get_feed(self, request: web.Request) -> web.Response:
-        return json_ok(self._feed(request).status())
-
-    async def delete_feed(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "feeding")
-        feed = self._feed(request)
-        await feed.close()
-        return json_ok({"id": feed.id, "state": feed.state, "ended": feed.ended_reason})
-
-    # --- pushes to WHIP endpoints ----------------------------------------------------------
-
-    async def create_push(self, request: web.Request) -> web.Response:
+    async def create_push(self, request: web.Request) -> tuple[str, dict[str, Any]]:
         # A connection to a URL of the caller's choosing carrying a stream: publishing's
-        # privilege, as for feeds. Every push route asks it: a WHIP URL may hold a key.
-        require_publish(request, self.settings, "pushing")
-        require_content_type(request, "application/json")
-        body = await read_body(request, self.settings.max_body_bytes)
-        try:
-            data = json.loads(body)
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise BadInput("body is not JSON") from None
-        stream, url, token = parse_push_request(data)
+        # privilege, as for feeds.
+        stream, url, token = parse_push_request(
+            await read_json(request, self.settings.max_body_bytes))
         # A push is a viewer of its stream: the viewer limits apply to it.
         self._check_limits(stream, client_key(request.remote), publishing=False)
         push = self.service.pushes.add(stream, url, token)
-        location = f"/api/pushes/{push.id}"
-        return json_ok({**push.status(), "location": location}, status=201,
-                       headers={"Location": location})
+        return push.id, push.status()
 
-    async def list_pushes(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "pushing")
-        return json_ok({"pushes": [p.status() for p in self.service.pushes.list()]})
+    async def _reserved(self, client: str, make: Awaitable[TapSession | FeedSession]) -> (
+        TapSession | FeedSession
+    ):
+        """A session counted against ``client``'s limit while it lives."""
+        self.clients.reserve(client)
+        try:
+            session = await make
+        except BaseException:
+            self.clients.release(client)
+            raise
+        self.clients.bind(client, session.id, lambda: not session.closed.is_set())
+        return session
 
-    async def get_push(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "pushing")
-        return json_ok(self.service.pushes.get(request.match_info["push"]).status())
-
-    async def delete_push(self, request: web.Request) -> web.Response:
-        require_publish(request, self.settings, "pushing")
-        push = await self.service.pushes.remove(request.match_info["push"])
-        return json_ok(push.status())
+    async def _end_push(self, push: Push) -> dict[str, Any]:
+        return (await self.service.pushes.remove(push.id)).status()
 
     async def list_streams(self, request: web.Request) -> web.Response:
         return json_ok({"streams": [s.status() for s in self.service.streams.by_name.values()]})
