@@ -45,28 +45,24 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.segments import (  # noqa: E402  (after the path insert)
+from bench.processes import (  # noqa: E402  (after the path insert)
     BENCH_LOCK,
     CPUS,
     LOOPBACK,
-    SERVER_CPU,
-    STREAM,
-    TOKEN,
     Server,
-    _auth,
-    _free_port,
-    _holds_bench_lock,
-    _spawn,
-    _wait_healthy,
-    publisher,
+    free_port,
+    holds_bench_lock,
+    spawn,
+    wait_healthy,
 )
+from bench.segments import SERVER_CPU, STREAM, TOKEN, _auth, publisher  # noqa: E402
 
 ABS_CAPTURE_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
 
 
 @contextlib.asynccontextmanager
 async def node(workdir: Path, name: str, origin: str | None) -> AsyncIterator[Server]:
-    port = _free_port()
+    port = free_port()
     log = workdir / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFU_SIDECAR_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -75,7 +71,7 @@ async def node(workdir: Path, name: str, origin: str | None) -> AsyncIterator[Se
         env["SFU_SIDECAR_ORIGIN_URL"] = origin
         env["SFU_SIDECAR_ORIGIN_TOKEN"] = TOKEN
     with log.open("wb") as out:
-        proc = _spawn(
+        proc = spawn(
             [sys.executable, "-m", "sfu_sidecar", "serve", "--host", "127.0.0.1",
              "--port", str(port), "--data-dir", str(workdir / name), "--view-token", TOKEN,
              "--publish-token", TOKEN, "--ice-addresses", "127.0.0.1",
@@ -84,7 +80,7 @@ async def node(workdir: Path, name: str, origin: str | None) -> AsyncIterator[Se
         )
     server = Server(proc, f"http://127.0.0.1:{port}", log)
     try:
-        await _wait_healthy(server, "/healthz", f"sfu-sidecar serve ({name})")
+        await wait_healthy(server, "/healthz", f"sfu-sidecar serve ({name})")
         yield server
     finally:
         server.stop()
@@ -228,7 +224,7 @@ def main() -> int:
         CPUS["load"] = set(range(os.cpu_count() or 2)) - {SERVER_CPU}
         os.sched_setaffinity(0, CPUS["load"])
     with contextlib.ExitStack() as stack:
-        if not _holds_bench_lock():
+        if not holds_bench_lock():
             BENCH_LOCK.touch(exist_ok=True)
             lock = stack.enter_context(BENCH_LOCK.open("w"))
             fcntl.flock(lock, fcntl.LOCK_EX)

@@ -77,6 +77,8 @@ from typing import IO, Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.processes import free_port  # noqa: E402  (after the path insert)
+
 BENCH_LOCK = Path("/tmp/sfu-sidecar-bench.lock")
 BROWSER_LOCK = Path("/tmp/sfu-sidecar-browser.lock")  # the lock tests/support/chromium.py takes
 LOOPBACK = ("127.0.0.1",)
@@ -177,11 +179,6 @@ def percentile(values: list[float], p: float) -> float | None:
     ordered = sorted(values)
     return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def get_json(url: str) -> Any:

@@ -21,7 +21,6 @@ import asyncio
 import fractions
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,14 +32,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.processes import free_port  # noqa: E402  (after the path insert)
+
 LOOPBACK = ("127.0.0.1",)
 BITRATE = 1_500_000
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def client_pc() -> Any:
@@ -339,7 +335,7 @@ def _get(url: str) -> dict[str, Any]:
 
 
 def measure(mode: str, counts: list[int], seconds: float) -> list[dict[str, Any]]:
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = _sub("server", mode, str(port))
     rows = []

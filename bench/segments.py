@@ -51,7 +51,6 @@ import contextlib
 import fcntl
 import itertools
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -65,8 +64,18 @@ from typing import Any, Protocol, cast
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-BENCH_LOCK = Path("/tmp/sfu-sidecar-bench.lock")
-LOOPBACK = ("127.0.0.1",)
+from bench.processes import (  # noqa: E402  (after the path insert)
+    BENCH_LOCK,
+    CPUS,
+    LOOPBACK,
+    Server,
+    cpu_seconds,
+    free_port,
+    holds_bench_lock,
+    spawn,
+    wait_healthy,
+)
+
 BITRATE = 1_500_000
 TOKEN = "bench"
 STREAM = "bench"
@@ -151,89 +160,16 @@ def run_static(port: int, folder: Path) -> None:
 # --- processes --------------------------------------------------------------------------------
 
 
-CPUS: dict[str, set[int]] = {}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _spawn(command: list[str], role: str, **kwargs: Any) -> subprocess.Popen[bytes]:
-    """A child process on the CPUs of its role (``server`` or ``load``)."""
-
-    def pin() -> None:
-        if role in CPUS:
-            os.sched_setaffinity(0, CPUS[role])
-
-    return subprocess.Popen(command, preexec_fn=pin, **kwargs)
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU time of a process, all its threads, in seconds.
-
-    The sum of its threads' /proc schedstat run times (nanoseconds) where the kernel keeps
-    them: utime + stime from /proc/PID/stat count in 10 ms ticks, 0.25 % of a core over a 4 s
-    window, as coarse as the differences measured. A thread that ends inside a window takes
-    its share with it; the server's threads live as long as it does."""
-    total_ns = 0
-    try:
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(FileNotFoundError):
-                total_ns += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
-        return total_ns / 1e9
-    except (FileNotFoundError, IndexError, ValueError):
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[bytes]
-    base: str
-    log: Path | None = None
-
-    def log_count(self, text: str) -> int:
-        return self.log.read_text(errors="replace").count(text) if self.log else 0
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-async def _wait_healthy(server: Server, path: str, what: str) -> None:
-    import aiohttp
-
-    deadline = time.monotonic() + 30
-    async with aiohttp.ClientSession() as http:
-        while True:
-            if server.proc.poll() is not None:
-                tail = server.log.read_text()[-2000:] if server.log else ""
-                raise RuntimeError(f"{what} exited with {server.proc.returncode}\n{tail}")
-            with contextlib.suppress(aiohttp.ClientError):
-                async with http.get(server.base + path) as resp:
-                    if resp.status < 500:
-                        return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not start")
-            await asyncio.sleep(0.1)
-
-
 @contextlib.asynccontextmanager
 async def sidecar(workdir: Path) -> AsyncIterator[Server]:
     """``sfu-sidecar serve`` (the console script's entry point, from this checkout: a copy of
     the tree at another commit benchmarks that commit's code) with the benchmark's settings."""
-    port = _free_port()
+    port = free_port()
     log = workdir / "sidecar.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SFU_SIDECAR_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     with log.open("wb") as out:
-        proc = _spawn(
+        proc = spawn(
             [sys.executable, "-m", "sfu_sidecar", "serve", "--host", "127.0.0.1",
              "--port", str(port), "--data-dir", str(workdir / "data"), "--view-token", TOKEN,
              "--publish-token", TOKEN, "--ice-addresses", "127.0.0.1",
@@ -242,7 +178,7 @@ async def sidecar(workdir: Path) -> AsyncIterator[Server]:
         )
     server = Server(proc, f"http://127.0.0.1:{port}", log)
     try:
-        await _wait_healthy(server, "/healthz", "sfu-sidecar serve")
+        await wait_healthy(server, "/healthz", "sfu-sidecar serve")
         yield server
     finally:
         server.stop()
@@ -250,12 +186,12 @@ async def sidecar(workdir: Path) -> AsyncIterator[Server]:
 
 @contextlib.asynccontextmanager
 async def static_server(folder: Path) -> AsyncIterator[Server]:
-    port = _free_port()
-    proc = _spawn([sys.executable, __file__, "static", str(port), str(folder)], "server",
+    port = free_port()
+    proc = spawn([sys.executable, __file__, "static", str(port), str(folder)], "server",
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     server = Server(proc, f"http://127.0.0.1:{port}")
     try:
-        await _wait_healthy(server, "/", "static server")
+        await wait_healthy(server, "/", "static server")
         yield server
     finally:
         server.stop()
@@ -263,7 +199,7 @@ async def static_server(folder: Path) -> AsyncIterator[Server]:
 
 @contextlib.asynccontextmanager
 async def publisher(base: str, codec: str) -> AsyncIterator[None]:
-    proc = _spawn([sys.executable, __file__, "publisher", f"{base}/whip/{STREAM}", codec],
+    proc = spawn([sys.executable, __file__, "publisher", f"{base}/whip/{STREAM}", codec],
                   "load", stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     try:
@@ -777,16 +713,6 @@ async def bench(args: argparse.Namespace) -> None:
         print("\n".join(result.rows()))
 
 
-def _holds_bench_lock() -> bool:
-    """Whether this process inherited a descriptor on the lock file, as under
-    ``flock /tmp/sfu-sidecar-bench.lock CMD`` (locking it again would wait forever)."""
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            if Path(os.readlink(f"/proc/self/fd/{fd}")) == BENCH_LOCK:
-                return True
-    return False
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--codecs", default="vp8,h264", help="comma-separated: vp8, h264")
@@ -819,7 +745,7 @@ def main() -> int:
         CPUS["load"] = set(range(os.cpu_count() or 2)) - {SERVER_CPU}
         os.sched_setaffinity(0, CPUS["load"])  # this process is the reader, viewer and client
     with contextlib.ExitStack() as stack:
-        if not _holds_bench_lock():
+        if not holds_bench_lock():
             BENCH_LOCK.touch(exist_ok=True)
             lock = stack.enter_context(BENCH_LOCK.open("w"))
             fcntl.flock(lock, fcntl.LOCK_EX)

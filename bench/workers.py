@@ -52,8 +52,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.relay_fanout import BITRATE, _free_port, _sub  # noqa: E402  (after the path insert)
-from bench.segments import BENCH_LOCK, _holds_bench_lock  # noqa: E402
+from bench.processes import BENCH_LOCK, free_port, holds_bench_lock  # noqa: E402  (path)
+from bench.relay_fanout import BITRATE, _sub  # noqa: E402
 
 STREAM = "bench"
 FULL_FPS = 29.5
@@ -143,7 +143,7 @@ class Server:
 
     @classmethod
     def start(cls, workers: int | None, workdir: Path) -> Server:
-        port = _free_port()
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("SFU_SIDECAR_")}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
         command = [
@@ -443,7 +443,7 @@ def main() -> int:
             print(f"skipping --workers {w}: this checkout's serve has no --workers flag",
                   file=sys.stderr)
     with contextlib.ExitStack() as stack:
-        if not _holds_bench_lock():
+        if not holds_bench_lock():
             BENCH_LOCK.touch(exist_ok=True)
             lock = stack.enter_context(BENCH_LOCK.open("w"))
             fcntl.flock(lock, fcntl.LOCK_EX)
