@@ -26,6 +26,7 @@ import { FrameCues } from "./cuetrack.js";
 import { median, PlayoutMeter } from "./playout.js";
 import { SOURCES } from "./syncwire.js";
 import { ABS_CAPTURE_TIME } from "./whep.js";
+import { wsUrl } from "./wsurl.js";
 
 // Cue placement per presented frame (cuetrack.js), exported here as before.
 export { GUARD_S, placeCue } from "./cuetrack.js";
@@ -130,12 +131,6 @@ export function absMissingReason(receiver) {
   return "the browser reports no abs-capture-time for this receiver";
 }
 
-function wsUrl(base, path) {
-  const url = new URL(path, base);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  return url.href;
-}
-
 // attach({video, receiver, sidecarUrl, stream, lang, token}) -> {stats, track, book, detach}
 //   video: the <video> playing the stream; receiver: the RTCRtpReceiver of its video track
 //   (without one, frames are placed by arrival); sidecarUrl: the service's base URL (default:
@@ -180,7 +175,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
 
   async function rejoin() {
     try {
-      clock = await joinClock(wsUrl(base, "/api/clock/ws"));
+      clock = await joinClock(wsUrl("/api/clock/ws", base));
       Object.assign(stats.clock, { state: "joined", offsetNs: clock.offsetNs, errorNs: clock.errorNs,
         rttNs: clock.rttNs, error: null });
     } catch (err) {

@@ -8,6 +8,7 @@ import {
   formatMs, GPU_PLOT, grade, STREAM_PLOTS,
 } from "./dashmodel.js";
 import { connectDashboard } from "./dashpush.js";
+import { wsUrl } from "./wsurl.js";
 
 const model = new DashboardModel();
 const plots = new Map(); // "stream/plot" | "clock" | "gpu" -> uPlot
@@ -241,9 +242,7 @@ function resize() {
 plots.set("clock", makePlot(CLOCK_PLOT, $("clock-plot")));
 plots.set("gpu", makePlot(GPU_PLOT, $("gpu-plot")));
 window.addEventListener("resize", resize);
-const url = new URL("/api/dashboard/ws", window.location.href);
-url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-connectDashboard(url.href, {
+connectDashboard(wsUrl("/api/dashboard/ws"), {
   onMessage,
   onState: (state) => {
     $("link").textContent = state === "open" ? "live" : "reconnecting…";

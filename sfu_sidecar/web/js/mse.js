@@ -10,8 +10,7 @@
 import {
   added, DriftGuard, driftOf, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
 } from "./msemodel.js";
-import { FrameCues } from "./cuetrack.js";
-import { ChunkedCues, parseChunk } from "./vttchunk.js";
+import { CaptionTracks } from "./captiontracks.js";
 
 const POLL_MS = 250; // index polls: a new segment is appended within this of being listed
 const CAPTION_POLL_MS = 500; // live chunks are fetched again this often
@@ -37,9 +36,7 @@ export class MsePlayer {
     this.video = video;
     this.stream = stream;
     this.token = token;
-    this.lang = lang;
     this.media = new URL(`/streams/${encodeURIComponent(stream)}/media/`, base);
-    this.captionBase = new URL(`/captions/${encodeURIComponent(stream)}/`, base);
     this.onStatus = onStatus;
     this.mayPlay = mayPlay; // false while the viewer has paused: the player does not resume then
     // Starts playback. The page passes its controls' play, which meets a refusal of sound by
@@ -63,14 +60,16 @@ export class MsePlayer {
     this.offset = 0;
     this.index = null;
     this.buffer = null;
-    this.tracks = new Map(); // lang -> {lang, track, cues: ChunkedCues, placer: FrameCues, closed: Set}
+    // Captions from chunk-{n}.vtt and the live push, placed per presented frame.
+    this.captions = new CaptionTracks({
+      video, lang, base: new URL(`/captions/${encodeURIComponent(stream)}/`, base),
+      headers: () => this.headers(), stats: this.stats,
+    });
     this.timers = [];
     this.stopped = false;
     this.busy = false;
     this.frameListeners = []; // called with each presented frame's record
     this.appending = null; // the URL of the segment being appended, named when one is refused
-    this.live = null; // the live caption push (EventSource), while connected
-    this.liveState = "off";
   }
 
   headers() {
@@ -110,11 +109,11 @@ export class MsePlayer {
       await sleep(POLL_MS * 2);
     }
     await this.open();
-    for (const lang of this.index.languages ?? []) this.captionTrack(lang);
+    for (const lang of this.index.languages ?? []) this.captions.track(lang);
     this.onStatus(`stream "${this.stream}": MSE, ${this.mime}`);
     const { segments, open } = this.index;
     const first = this.lowLatency && open ? open : segments[Math.max(0, segments.length - 2)];
-    this.listenLive();
+    this.captions.listen();
     await this.pollCaptions(first.start_s);
     this.timers.push(setInterval(() => this.tick(), TICK_MS));
     this.timers.push(setInterval(() => this.pollCaptions(), CAPTION_POLL_MS));
@@ -169,7 +168,7 @@ export class MsePlayer {
   stop() {
     this.stopped = true;
     for (const t of this.timers) clearInterval(t);
-    this.live?.close();
+    this.captions.close();
   }
 
   async poll() {
@@ -178,7 +177,7 @@ export class MsePlayer {
     try {
       let index = await (await this.fetchOk(new URL("index.json", this.media), "segment index")).json();
       this.index = index;
-      for (const lang of index.languages ?? []) this.captionTrack(lang);
+      for (const lang of index.languages ?? []) this.captions.track(lang);
       // A streamed segment that ended is followed by the next one at once (the service opens
       // it at the keyframe that closed this one), not at the next poll.
       for (let i = 0; i < STREAM_AGAIN && await this.stepOrRecover(index) && !this.stopped; i++) {
@@ -421,88 +420,23 @@ export class MsePlayer {
     if (this.buffer === null || this.stopped) return;
     this.fixPlayhead(this.video.readyState < HTMLMediaElement.HAVE_FUTURE_DATA && !this.video.paused);
     const chunkS = this.index?.caption_chunk_s;
-    if (chunkS) {
-      const t = this.video.currentTime - this.shift;
-      for (const entry of this.tracks.values()) {
-        for (const id of entry.cues.prune(t, chunkS)) this.syncCue(entry, id);
-      }
-    }
+    if (chunkS) this.captions.prune(this.video.currentTime - this.shift, chunkS);
   }
 
-  // --- captions -----------------------------------------------------------------------------
-
-  captionTrack(lang) {
-    let entry = this.tracks.get(lang);
-    if (entry !== undefined) return entry;
-    const track = this.video.addTextTrack("captions", lang, lang);
-    const first = this.tracks.size === 0;
-    track.mode = (this.lang === null ? first : lang === this.lang) ? "showing" : "hidden";
-    entry = { lang, track, cues: new ChunkedCues(), placer: new FrameCues(track), closed: new Set() };
-    this.tracks.set(lang, entry);
-    return entry;
-  }
-
-  selectLanguage(lang) {
-    this.lang = lang;
-    for (const [l, entry] of this.tracks) entry.track.mode = l === lang ? "showing" : "hidden";
-  }
-
-  // The live caption push (Server-Sent Events): a cue reaches its track as it is ingested, not
-  // at the next chunk poll, which matters once the media is only a part behind the live edge.
-  // Chunks stay the record: they fill in what the push missed while it was away (EventSource
-  // reconnects by itself) and retract what changed.
-  listenLive() {
-    if (typeof EventSource === "undefined") return;
-    this.live = new EventSource(new URL("live", this.captionBase));
-    this.live.addEventListener("open", () => { this.liveState = "open"; });
-    this.live.addEventListener("error", () => { this.liveState = "reconnecting"; });
-    this.live.addEventListener("cue", (event) => {
-      const c = JSON.parse(event.data);
-      const entry = this.captionTrack(c.lang);
-      this.stats.livePushed++;
-      if (entry.cues.push({ id: c.id, start: c.start, end: c.end, text: c.text, settings: c.settings })) {
-        this.syncCue(entry, c.id, true);
-      }
-    });
-    this.live.addEventListener("retract", (event) => {
-      const { lang, id } = JSON.parse(event.data);
-      const entry = this.tracks.get(lang);
-      if (entry !== undefined && entry.cues.retract(id)) this.syncCue(entry, id, true);
-    });
-  }
-
-  // Fetches the chunks around the playhead: the one playing and the next (live ones again each
-  // poll; closed ones once, as they never change).
+  // Fetches the chunks around the playhead (captiontracks.js).
   async pollCaptions(fromS = null) {
     const chunkS = this.index?.caption_chunk_s;
     if (!chunkS || this.stopped) return;
-    const t = Math.max(0, fromS ?? this.video.currentTime - this.shift);
-    const first = Math.floor(t / chunkS);
-    for (const entry of this.tracks.values()) {
-      for (const n of [first, first + 1, first + 2]) {
-        if (entry.closed.has(n)) continue;
-        try {
-          const url = new URL(`${encodeURIComponent(entry.lang)}/chunk-${n}.vtt`, this.captionBase);
-          const resp = await fetch(url, { headers: this.headers(), cache: "no-store" });
-          if (resp.status === 404) break; // a future chunk: nothing to read yet
-          if (!resp.ok) continue;
-          const { cues } = parseChunk(await resp.text(), n * chunkS);
-          if ((resp.headers.get("Cache-Control") ?? "").includes("immutable")) entry.closed.add(n);
-          const { added: changed, removed } = entry.cues.merge(n, cues);
-          for (const id of [...changed, ...removed]) this.syncCue(entry, id, true);
-        } catch (err) {
-          this.stats.captionError = String(err.message ?? err);
-        }
-      }
-    }
+    await this.captions.poll(Math.max(0, fromS ?? this.video.currentTime - this.shift), chunkS);
   }
 
-  // Makes the VTTCue of `id` match the cue book and the frame being presented (cuetrack.js):
-  // a cue is moved under the playhead by the first frame captured in its interval and off it
-  // by the first captured after. Left to the browser's own cue timer, a cue placed at its
-  // start showed one to two frames late under load (measured). `force` after the cue changed.
-  syncCue(entry, id, force = false) {
-    entry.placer.sync(id, entry.cues.cues.get(id), force);
+  // The caption languages the page can choose from, and the choice.
+  get tracks() {
+    return this.captions.tracks;
+  }
+
+  selectLanguage(lang) {
+    this.captions.select(lang);
   }
 
   // Per presented frame: its stream time (its media time minus the shift, which is its capture time
@@ -515,12 +449,7 @@ export class MsePlayer {
     // showed a frame later, measured). Placed against anything else, a cue can stay active past
     // its end for as long as currentTime trails that time.
     const t = this.video.currentTime;
-    const shown = [];
-    for (const entry of this.tracks.values()) {
-      entry.placer.place(frameS, t);
-      entry.placer.syncAll(entry.cues.cues);
-      if (entry.track.mode === "showing") shown.push(...entry.placer.active(entry.cues.cues));
-    }
+    const shown = this.captions.place(frameS, t);
     this.stats.frame(frameS, shown);
     this.lastFrame = { frameS, mediaTime: meta.mediaTime, currentTime: t, cues: shown.map((c) => c.id) };
     for (const listener of this.frameListeners) listener(this.lastFrame, meta);
@@ -534,7 +463,7 @@ export class MsePlayer {
     return {
       mode: "mse",
       lowLatency: this.lowLatency,
-      liveCaptions: this.liveState,
+      liveCaptions: this.captions.liveState,
       livePushed: this.stats.livePushed,
       lagS: this.lowLatency ? this.lag() : null,
       streamBreaks: this.stats.streamBreaks,

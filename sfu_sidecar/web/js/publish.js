@@ -7,9 +7,12 @@ import { browserNowNs, joinClock } from "./clocksync.js";
 import { postCaptions } from "./ingest.js";
 import {
   audioConstraints, BitrateMeter, captureErrorMessage, cueBody, deviceChoices, durationNs,
-  formatBitrate, InputError, levelFromSamples, Republisher, sentCodecs, videoConstraints,
+  formatBitrate, InputError, Republisher, sentCodecs, videoConstraints,
 } from "./publishcore.js";
+import { LevelMeter } from "./levelmeter.js";
+import { fillSelect } from "./ui.js";
 import { publishWhip, whipErrorFailure } from "./whip.js";
+import { wsUrl } from "./wsurl.js";
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(window.location.search);
@@ -32,7 +35,6 @@ let running = null; // republisher.run()'s promise
 let statsTimer = null;
 let clock = null;
 let meter = new BitrateMeter();
-const level = { ctx: null, source: null, analyser: null, timer: null };
 
 // Exposed for debugging and end-to-end tests; the page's whole state, read-only to them.
 const page = {
@@ -72,12 +74,6 @@ function watchLink() {
   $("watch").href = url.href;
 }
 
-function wsUrl(path) {
-  const url = new URL(path, window.location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  return url.href;
-}
-
 async function rejoin() {
   try {
     clock = await joinClock(wsUrl("/api/clock/ws"));
@@ -100,16 +96,6 @@ function currentDeviceId(kind) {
   return track?.getSettings().deviceId ?? null;
 }
 
-function fillSelect(select, { options, selected }, fallback) {
-  select.replaceChildren(...(options.length ? options : [{ value: "", label: fallback }]).map((o) => {
-    const option = document.createElement("option");
-    option.value = o.value;
-    option.textContent = o.label;
-    return option;
-  }));
-  select.value = options.length ? selected : "";
-}
-
 async function refreshDevices() {
   if (!navigator.mediaDevices?.enumerateDevices) return;
   const devices = await navigator.mediaDevices.enumerateDevices();
@@ -122,11 +108,15 @@ async function refreshDevices() {
 
 // --- Microphone level ------------------------------------------------------------------
 
+const micMeter = new LevelMeter(METER_INTERVAL_MS, (value) => {
+  page.micLevel = value;
+  page.micLevelPeak = Math.max(page.micLevelPeak, value);
+  $("mic-level").value = value;
+  $("mic-level").textContent = `${Math.round(value * 100)}%`;
+});
+
 function stopMeter() {
-  clearInterval(level.timer);
-  level.timer = null;
-  level.source?.disconnect();
-  level.source = null;
+  micMeter.stop();
   page.micLevel = 0;
   $("mic-level").value = 0;
   $("mic-level").textContent = "0";
@@ -134,25 +124,8 @@ function stopMeter() {
 
 function startMeter(track) {
   stopMeter();
-  if (!track || typeof AudioContext !== "function") return;
-  level.ctx ??= new AudioContext();
-  level.ctx.resume().catch(() => {});
-  if (level.analyser === null) {
-    level.analyser = level.ctx.createAnalyser();
-    level.analyser.fftSize = 2048;
-  }
-  level.source = level.ctx.createMediaStreamSource(new MediaStream([track]));
-  level.source.connect(level.analyser);
-  const samples = new Float32Array(level.analyser.fftSize);
   page.micLevelPeak = 0;
-  level.timer = setInterval(() => {
-    level.analyser.getFloatTimeDomainData(samples);
-    const value = levelFromSamples(samples);
-    page.micLevel = value;
-    page.micLevelPeak = Math.max(page.micLevelPeak, value);
-    $("mic-level").value = value;
-    $("mic-level").textContent = `${Math.round(value * 100)}%`;
-  }, METER_INTERVAL_MS);
+  micMeter.start(track);
 }
 
 // --- Capture ---------------------------------------------------------------------------

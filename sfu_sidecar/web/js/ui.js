@@ -38,3 +38,15 @@ export function showMseStats(s) {
   $("caption-error").textContent = s.captionErrorP95Ms === null ? "–" : `${s.captionErrorP95Ms.toFixed(1)} ms (${s.cuesShown} cues)`;
   $("stream-time").textContent = s.streamS === null ? "–" : s.streamS.toFixed(3);
 }
+
+// A <select> filled with `options` ({value, label}) and `selected` chosen, or with one
+// `fallback` entry when there are none.
+export function fillSelect(select, { options, selected }, fallback) {
+  select.replaceChildren(...(options.length ? options : [{ value: "", label: fallback }]).map((o) => {
+    const option = document.createElement("option");
+    option.value = o.value;
+    option.textContent = o.label;
+    return option;
+  }));
+  select.value = options.length ? selected : "";
+}

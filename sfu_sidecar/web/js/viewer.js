@@ -1,7 +1,7 @@
 // The viewer page: WHEP media + `sync` records -> capture time of the frame on screen -> captions.
 
 import { CueBook } from "./captions.js";
-import { browserNowNs, ClockJoin, joinClock, parseResponse, request } from "./clocksync.js";
+import { browserNowNs, ClockJoin, joinClock, joinInRounds, parseResponse } from "./clocksync.js";
 import { ViewerControls } from "./controls.js";
 import { FrameCues } from "./cuetrack.js";
 import { Liveness } from "./playermodel.js";
@@ -9,6 +9,7 @@ import { PlayoutMeter } from "./playout.js";
 import { parseMessage, serializeMessage, SOURCES, SyncState } from "./syncwire.js";
 import * as ui from "./ui.js";
 import { connectWhep } from "./whep.js";
+import { wsUrl } from "./wsurl.js";
 
 const params = new URLSearchParams(window.location.search);
 const stream = params.get("stream") ?? "demo";
@@ -94,15 +95,9 @@ function audioCaptureNs(displayTime) {
 
 // Clock join over the sync channel (proto/clock.md): the page learns house time, so its
 // telemetry is stamped on the house clock and the relay sees this viewer's offset.
-const JOIN_ROUNDS = 8;
-const JOIN_SPACING_MS = 20;
 const REJOIN_MS = 60000;
-// A busy page or machine delays every exchange of a round of eight (an error of 29 ms was seen
-// with a core kept busy): more rounds follow, up to JOIN_MAX_ROUNDS, until the least-delay one
-// bounds the error within JOIN_TARGET_ERROR_NS.
-const JOIN_MAX_ROUNDS = 48;
-const JOIN_TARGET_ERROR_NS = 5_000_000n;
-const clockJoin = new ClockJoin(JOIN_MAX_ROUNDS); // the least-delay exchange of a whole join
+const JOIN_MAX_EXCHANGES = 48;
+const clockJoin = new ClockJoin(JOIN_MAX_EXCHANGES); // the least-delay exchange of a whole join
 
 function sendControl(message) {
   if (syncChannel !== null && syncChannel.readyState === "open") {
@@ -111,16 +106,7 @@ function sendControl(message) {
 }
 
 async function joinHouseClock() {
-  for (let sent = 0; sent < JOIN_MAX_ROUNDS;) {
-    for (let i = 0; i < JOIN_ROUNDS; i++, sent++) {
-      sendControl(request(browserNowNs()));
-      await new Promise((done) => setTimeout(done, JOIN_SPACING_MS));
-    }
-    await new Promise((done) => setTimeout(done, 200)); // the last replies
-    const report = clockJoin.report();
-    if (report !== null && report.error_ns <= JOIN_TARGET_ERROR_NS) break;
-  }
-  const report = clockJoin.report();
+  const report = await joinInRounds(sendControl, clockJoin, { maxExchanges: JOIN_MAX_EXCHANGES });
   if (report !== null) sendControl(report);
 }
 
@@ -406,12 +392,6 @@ async function startMse() {
   } catch (err) {
     ui.setStatus(String(err.message ?? err), true);
   }
-}
-
-function wsUrl(path) {
-  const url = new URL(path, window.location.href);
-  url.protocol = url.protocol === "https:" ? "wss:" : "ws:";
-  return url.href;
 }
 
 ui.showMode(mode, params, stream);

@@ -4,7 +4,9 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { fileURLToPath } from "node:url";
 
-import { ClockJoin, ClockSyncError, browserNowNs, parseResponse, request, sampleOf } from "../../../sfu_sidecar/web/js/clocksync.js";
+import {
+  ClockJoin, ClockSyncError, browserNowNs, joinInRounds, parseResponse, request, sampleOf,
+} from "../../../sfu_sidecar/web/js/clocksync.js";
 import { decode, encode } from "../../../sfu_sidecar/web/js/msgpack.js";
 
 // Epoch values in these vectors are multiples of 512 ns, so JSON numbers carry them exactly.
@@ -58,4 +60,26 @@ test("browser clock is performance.timeOrigin + performance.now() in ns", () => 
   const b = browserNowNs();
   assert.ok(b >= a);
   assert.ok(Math.abs(Number(a / 1000000n) - Date.now()) < 1000);
+});
+
+test("a join over a caller's channel goes on in rounds until its error is bounded", async () => {
+  // A server 5 ms ahead; the first 16 exchanges take 40 ms each way (a busy machine), then 1 ms.
+  let clock = 1_000_000_000n;
+  const join = new ClockJoin(48);
+  const sent = [];
+  const send = (req) => {
+    sent.push(req);
+    const oneWay = sent.length <= 16 ? 40_000_000n : 1_000_000n;
+    const t2 = req.t1 + oneWay + 5_000_000n;
+    join.response({ t1: req.t1, t2, t3: t2 }, req.t1 + 2n * oneWay);
+  };
+  const report = await joinInRounds(send, join, {
+    now: () => (clock += 20_000_000n), sleep: async () => {},
+  });
+  assert.equal(sent.length, 24); // two busy rounds, then one good one was enough
+  assert.equal(report.offset_ns, 5_000_000n);
+  assert.equal(report.error_ns, 1_000_000n);
+  // Never past the bound, and a join that gets nothing back reports nothing.
+  const silent = await joinInRounds(() => {}, new ClockJoin(48), { sleep: async () => {} });
+  assert.equal(silent, null);
 });
