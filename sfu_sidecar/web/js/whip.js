@@ -5,8 +5,8 @@
 
 import { linkHealth, preferredCodecs, serverReason, whipFailure, withMaxBitrate } from "./publishcore.js";
 import {
-  ABS_CAPTURE_TIME, gatheringComplete, negotiateAbsCaptureTime, parseIceServerLinks,
-} from "./whep.js";
+  ABS_CAPTURE_TIME, bearer, iceServersFor, negotiateAbsCaptureTime, postOffer, SessionResource,
+} from "./webrtchttp.js";
 
 export class WhipError extends Error {
   constructor(status, reason) {
@@ -29,38 +29,12 @@ export function whipErrorFailure(err) {
   return { message: String(err?.message ?? err), retry: false };
 }
 
-export class WhipSession {
-  constructor(pc, resourceUrl, token) {
-    this.pc = pc;
-    this.resourceUrl = resourceUrl;
-    this.token = token;
-  }
-
+export class WhipSession extends SessionResource {
   // Whether every sent track carries abs-capture-time, as the answer negotiated it.
   get stampsCaptureTime() {
     const transceivers = this.pc.getTransceivers();
     return transceivers.length > 0 && transceivers.every((t) => typeof t.getNegotiatedHeaderExtensions === "function"
       && t.getNegotiatedHeaderExtensions().some((e) => e.uri === ABS_CAPTURE_TIME && e.direction !== "stopped"));
-  }
-
-  // RFC 9725 §4.2: the client ends the session with a DELETE of its resource. Sent before the
-  // peer connection closes, so the relay ends the publisher for that reason and not because
-  // its transport went away. Returns the DELETE's status, or null when it could not be sent
-  // (or took over `timeoutMs`: a dropped network may answer nothing).
-  async close({ timeoutMs = 3000 } = {}) {
-    let status = null;
-    const abort = typeof AbortController === "function" ? new AbortController() : null;
-    const timer = abort && setTimeout(() => abort.abort(), timeoutMs);
-    try {
-      const headers = this.token ? { Authorization: `Bearer ${this.token}` } : {};
-      status = (await fetch(this.resourceUrl, { method: "DELETE", headers, signal: abort?.signal })).status;
-    } catch (_) {
-      // the server may be gone already; the peer connection is closed either way
-    } finally {
-      clearTimeout(timer);
-    }
-    this.pc.close();
-    return status;
   }
 
   sender(kind) {
@@ -150,14 +124,8 @@ function videoCapabilities() {
 export async function publishWhip(endpoint, media, {
   token, codec = "vp8", iceTimeoutMs = 2000, maxBitrate = null,
 } = {}) {
-  const headers = token ? { Authorization: `Bearer ${token}` } : {};
-  let iceServers = [];
-  try {
-    const probe = await fetch(endpoint, { method: "OPTIONS", headers });
-    iceServers = parseIceServerLinks(probe.headers.get("Link"));
-  } catch (_) {
-    // OPTIONS is optional (RFC 9725 §4.4); go without STUN/TURN
-  }
+  const headers = bearer(token);
+  const iceServers = await iceServersFor(endpoint, headers);
   const pc = new RTCPeerConnection({ iceServers, bundlePolicy: "max-bundle" });
   try {
     for (const track of media.getTracks()) {
@@ -169,20 +137,10 @@ export async function publishWhip(endpoint, media, {
       // relay then maps capture times from the stamps rather than from sender reports.
       negotiateAbsCaptureTime(transceiver, "sendonly");
     }
-    await pc.setLocalDescription(await pc.createOffer());
-    // Non-trickle: the offer carries every candidate, so no PATCH is needed on loopback or LAN.
-    await gatheringComplete(pc, iceTimeoutMs);
-    const resp = await fetch(endpoint, {
-      method: "POST",
-      headers: { ...headers, "Content-Type": "application/sdp" },
-      body: pc.localDescription.sdp,
-    });
-    const body = await resp.text();
-    if (resp.status !== 201) throw new WhipError(resp.status, serverReason(resp.status, body));
-    const location = resp.headers.get("Location");
-    if (!location) throw new WhipError(resp.status, "201 without a Location: the session cannot be ended");
-    const base = new URL(endpoint, globalThis.location?.href ?? "http://localhost/");
-    const session = new WhipSession(pc, new URL(location, base).href, token);
+    const { status, body, location } = await postOffer(endpoint, pc, headers, { iceTimeoutMs });
+    if (status !== 201) throw new WhipError(status, serverReason(status, body));
+    if (!location) throw new WhipError(status, "201 without a Location: the session cannot be ended");
+    const session = new WhipSession(pc, location, token);
     try {
       await pc.setRemoteDescription({ type: "answer", sdp: body });
     } catch (err) {
