@@ -459,10 +459,12 @@ def main() -> int:
     common = [r for r in relay_rows if r["n"] <= ns.baseline_max]
     common_slope = _slope(common)
     # Slopes of CPU against N (least squares): the fixed cost of the publisher leg drops out.
-    print(f"per-viewer CPU (% of a core): relay {relay_slope:.2f} over N={counts[0]}..{counts[-1]}"
-          f", {common_slope:.2f} over N <= {ns.baseline_max}; MediaRelay {base_slope:.2f}; "
-          f"ratio {base_slope / max(relay_slope, 1e-6):.0f}x "
-          f"({base_slope / max(common_slope, 1e-6):.0f}x on the common points)")
+    line = f"per-viewer CPU (% of a core): relay {relay_slope:.2f} over N={counts[0]}..{counts[-1]}"
+    if len(base_rows) >= 2:  # a baseline slope needs two points (--baseline-max 0 runs none)
+        line += (f", {common_slope:.2f} over N <= {ns.baseline_max}; MediaRelay "
+                 f"{base_slope:.2f}; ratio {base_slope / max(relay_slope, 1e-6):.0f}x "
+                 f"({base_slope / max(common_slope, 1e-6):.0f}x on the common points)")
+    print(line)
     return 0
 
 
