@@ -1,7 +1,8 @@
 // Captions of a stream for a player that has the frames' stream times: a text track per
-// language on the video, its cues from chunk-{n}.vtt and the live push (Server-Sent Events),
-// each placed per presented frame (cuetrack.js) so it shows exactly on the frames captured in
-// its interval. The MSE player and any page showing the service's segments use it.
+// language on the video, each cue placed per presented frame (cuetrack.js) so it shows exactly
+// on the frames captured in its interval. The cues come from chunk-{n}.vtt and the live push
+// (Server-Sent Events: the MSE player), or from a cue book the page keeps (the viewer page's,
+// fed by the `sync` DataChannel: placeBook).
 
 import { FrameCues } from "./cuetrack.js";
 import { ChunkedCues, parseChunk } from "./vttchunk.js";
@@ -9,9 +10,14 @@ import { ChunkedCues, parseChunk } from "./vttchunk.js";
 export class CaptionTracks {
   // video: the <video>; lang: the language shown first (null: the first one met);
   // base: the stream's caption URL (/captions/{stream}/); headers(): request headers;
-  // stats: counts livePushed and keeps captionError; makeCue: how a VTTCue is made (tests).
-  constructor({ video, lang = null, base, headers = () => ({}), stats = {}, makeCue = undefined }) {
+  // stats: counts livePushed and keeps captionError; makeCue: how a VTTCue is made (tests);
+  // hidden: new tracks start hidden (the page's controls choose which shows);
+  // onLanguages(langs): called with every language once a new one appears.
+  constructor({ video, lang = null, base = null, headers = () => ({}), stats = {}, makeCue = undefined,
+    hidden = false, onLanguages = () => {} }) {
     this.makeCue = makeCue;
+    this.hidden = hidden;
+    this.onLanguages = onLanguages;
     this.video = video;
     this.lang = lang;
     this.base = base;
@@ -27,9 +33,12 @@ export class CaptionTracks {
     if (entry !== undefined) return entry;
     const track = this.video.addTextTrack("captions", lang, lang);
     const first = this.tracks.size === 0;
-    track.mode = (this.lang === null ? first : lang === this.lang) ? "showing" : "hidden";
-    entry = { lang, track, cues: new ChunkedCues(), placer: new FrameCues(track, this.makeCue ? { makeCue: this.makeCue } : {}), closed: new Set() };
+    const shows = !this.hidden && (this.lang === null ? first : lang === this.lang);
+    track.mode = shows ? "showing" : "hidden";
+    const placer = new FrameCues(track, this.makeCue ? { makeCue: this.makeCue } : {});
+    entry = { lang, track, cues: new ChunkedCues(), placer, closed: new Set() };
     this.tracks.set(lang, entry);
+    this.onLanguages([...this.tracks.keys()]);
     return entry;
   }
 
@@ -113,6 +122,31 @@ export class CaptionTracks {
       entry.placer.place(frameS, t);
       entry.placer.syncAll(entry.cues.cues);
       if (entry.track.mode === "showing") shown.push(...entry.placer.active(entry.cues.cues));
+    }
+    return shown;
+  }
+
+  // Places cues the page keeps itself (`cues`: id -> cue with its lang, as a CueBook holds
+  // them) for the frame at stream time `frameS`; the cues shown on it: those of `lang` (or of
+  // the language it returns, asked once the tracks exist), or of the showing track when no
+  // language is named.
+  placeBook(frameS, t, cues, lang = null) {
+    const byLang = new Map();
+    for (const [id, cue] of cues) {
+      const l = cue.lang ?? this.lang ?? "en";
+      if (!byLang.has(l)) byLang.set(l, new Map());
+      byLang.get(l).set(id, cue);
+    }
+    for (const l of byLang.keys()) this.track(l);
+    const want = typeof lang === "function" ? lang() : lang;
+    const shown = [];
+    for (const [l, entry] of this.tracks) {
+      const mine = byLang.get(l) ?? new Map();
+      entry.placer.place(frameS, t);
+      entry.placer.syncAll(mine);
+      if (want === null ? entry.track.mode === "showing" : l === want) {
+        shown.push(...entry.placer.active(mine));
+      }
     }
     return shown;
   }

@@ -1,9 +1,9 @@
 // The viewer page: WHEP media + `sync` records -> capture time of the frame on screen -> captions.
 
+import { CaptionTracks } from "./captiontracks.js";
 import { CueBook } from "./captions.js";
 import { browserNowNs, ClockJoin, joinClock, joinInRounds, parseResponse } from "./clocksync.js";
 import { ViewerControls } from "./controls.js";
-import { FrameCues } from "./cuetrack.js";
 import { Liveness } from "./playermodel.js";
 import { PlayoutMeter } from "./playout.js";
 import { parseMessage, serializeMessage, SOURCES, SyncState } from "./syncwire.js";
@@ -131,22 +131,15 @@ function onSyncMessage(event) {
 }
 
 // Captions as VTTCues on a text track per language of the <video> (rendered by the browser,
-// selectable), placed for each presented frame by its capture time (cuetrack.js).
-const cueTracks = new Map(); // lang -> FrameCues
+// selectable), placed for each presented frame by its capture time (captiontracks.js).
 let shownLang = null;
-
-function cueTrack(lang) {
-  let placer = cueTracks.get(lang);
-  if (placer === undefined) {
-    const track = video.addTextTrack("captions", lang, lang);
-    track.mode = "hidden"; // until the controls apply the viewer's choice
-    placer = new FrameCues(track);
-    cueTracks.set(lang, placer);
-    controls.setLanguages([...cueTracks.keys()]);
+const captions = new CaptionTracks({
+  video, hidden: true, // until the controls apply the viewer's choice
+  onLanguages: (langs) => {
+    controls.setLanguages(langs);
     shownLang = controls.shownLanguage();
-  }
-  return placer;
-}
+  },
+});
 
 // The controls show the chosen language's track; the page reports that one's cues as shown.
 controls.onLanguage = (lang) => {
@@ -155,21 +148,7 @@ controls.onLanguage = (lang) => {
 
 // Places every cue for the frame at stream time `streamS`; returns the cues shown with it.
 function showCues(streamS) {
-  const byLang = new Map();
-  for (const [id, cue] of book.cues) {
-    const lang = cue.lang ?? "en";
-    if (!byLang.has(lang)) byLang.set(lang, new Map());
-    byLang.get(lang).set(id, cue);
-  }
-  for (const lang of byLang.keys()) cueTrack(lang);
-  let shown = [];
-  for (const [lang, placer] of cueTracks) {
-    const cues = byLang.get(lang) ?? new Map();
-    placer.place(streamS, video.currentTime);
-    placer.syncAll(cues);
-    if (lang === shownLang) shown = placer.active(cues);
-  }
-  return shown;
+  return captions.placeBook(streamS, video.currentTime, book.cues, () => shownLang);
 }
 
 function onFrame(now, meta) {

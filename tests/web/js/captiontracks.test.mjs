@@ -158,3 +158,31 @@ test("a chunk that fails to load is noted and the rest still load", async () => 
   await captions.poll(0, 2, fetchFn);
   assert.equal(stats.captionError, "network down");
 });
+
+test("a cue book's cues get a track per language; the page names the language it reports", () => {
+  const video = new Video();
+  const seen = [];
+  const captions = new CaptionTracks({
+    video, hidden: true, makeCue, onLanguages: (langs) => seen.push(langs),
+  });
+  const book = new Map([
+    ["a", { id: "a", start: 1, end: 2, text: "hello", lang: "en" }],
+    ["b", { id: "b", start: 1, end: 2, text: "hallo", lang: "de" }],
+    ["c", { id: "c", start: 3, end: 4, text: "no language given" }],
+  ]);
+  video.currentTime = 1.5;
+  let chosen = null;
+  const shown = captions.placeBook(1.5, 1.5, book, () => chosen ?? "de");
+  assert.deepEqual(shown.map((c) => c.id), ["b"]);
+  assert.deepEqual(seen.at(-1), ["en", "de"]);
+  assert.ok(video.textTracks.every((t) => t.mode === "hidden")); // the page's controls choose
+  chosen = "en";
+  assert.deepEqual(captions.placeBook(1.5, 1.5, book, () => chosen).map((c) => c.id), ["a"]);
+  video.currentTime = 3.5;
+  assert.deepEqual(captions.placeBook(3.5, 3.5, book, "en").map((c) => c.id), ["c"]);
+  // A cue gone from the book leaves its track at the next frame.
+  book.delete("a");
+  video.currentTime = 1.6;
+  captions.placeBook(1.6, 1.6, book, "en");
+  assert.equal([...video.textTracks[0].cues].some((c) => c.id === "a"), false);
+});
