@@ -57,27 +57,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import math
 import os
-import shlex
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.processes import free_port  # noqa: E402  (after the path insert)
+from bench.pageprobes import MSE_JS, WEBRTC_JS, page_clock_offset_ms  # noqa: E402  (path)
+
+from bench.processes import (  # noqa: E402
+    free_port,
+    in_loopback_namespace,
+    locks,
+    rerun_in_loopback_namespace,
+)
 
 BENCH_LOCK = Path("/tmp/sfu-sidecar-bench.lock")
 BROWSER_LOCK = Path("/tmp/sfu-sidecar-browser.lock")  # the lock tests/support/chromium.py takes
@@ -85,7 +88,6 @@ LOOPBACK = ("127.0.0.1",)
 STREAM = "latency"
 FIRST_FRAME_TIMEOUT_MS = 40_000
 # Set for the copy of this script run in a namespace, whose parent holds the locks.
-NETNS_MARK = "SFU_SIDECAR_BENCH_NETNS"
 
 
 # --- publisher process ------------------------------------------------------------------------
@@ -274,49 +276,6 @@ class Publisher:
         return json.loads(lines[-1]) if lines else {"error": err[-2000:]}
 
 
-@contextlib.contextmanager
-def locks(*paths: Path) -> Iterator[None]:
-    """Holds each lock file in turn (bench, then browser), skipping one that ``flock`` already
-    holds for this process (locking it again through a new descriptor would wait forever), and
-    all of them in the copy of this script run in a namespace: the parent holds them."""
-    if os.environ.get(NETNS_MARK):
-        yield
-        return
-    with contextlib.ExitStack() as stack:
-        for path in paths:
-            if _inherited(path):
-                continue
-            path.touch(exist_ok=True)
-            handle: IO[str] = stack.enter_context(path.open("w"))
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        yield
-
-
-def _inherited(path: Path) -> bool:
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            if Path(os.readlink(f"/proc/self/fd/{fd}")) == path:
-                return True
-    return False
-
-
-
-
-def in_loopback_namespace() -> bool:
-    # The interfaces of this process's own network namespace (/sys/class/net would show the
-    # namespace sysfs was mounted in).
-    return [name for _, name in socket.if_nameindex()] == ["lo"]
-
-
-def rerun_in_loopback_namespace() -> int:
-    """Runs this script again inside a new network namespace with only ``lo`` up (root)."""
-    if os.environ.get(NETNS_MARK):
-        raise SystemExit("still not in a namespace with only lo after unshare -n")
-    command = shlex.join([sys.executable, *sys.argv])
-    return subprocess.call(["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {command}"],
-                           env={**os.environ, NETNS_MARK: "1"})
-
-
 def chromium_args() -> list[str]:
     from tests.support.chromium import ARGS as CHROMIUM_ARGS
 
@@ -324,56 +283,6 @@ def chromium_args() -> list[str]:
 
 
 # --- the run ----------------------------------------------------------------------------------
-
-# Per presented frame: its display time on the page's wall clock (ms) and its capture time.
-WEBRTC_JS = """
-() => {
-  window.latFrames = [];
-  window.latUnmapped = 0;
-  window.sfuViewer.frameListeners.push((record, meta) => {
-    if (record.captureNs === null || meta.expectedDisplayTime === undefined) {
-      window.latUnmapped++;
-      return;
-    }
-    window.latFrames.push([performance.timeOrigin + meta.expectedDisplayTime,
-                           String(record.captureNs)]);
-  });
-}
-"""
-
-# Also the buffer ahead of the playhead at each frame, as sidecarStats.bufferAheadS computes it
-# (the buffered live edge - currentTime): read per frame, it is sampled evenly over the segment
-# cycle (read once a second it strobes against the ~1 s segments).
-MSE_JS = """
-() => {
-  window.latFrames = [];
-  window.latUnmapped = 0;
-  window.latAhead = [];
-  const player = window.sfuViewer.player;
-  player.frameListeners.push((record, meta) => {
-    if (meta === undefined || meta.expectedDisplayTime === undefined) {
-      window.latUnmapped++;
-      return;
-    }
-    window.latFrames.push([performance.timeOrigin + meta.expectedDisplayTime, record.frameS]);
-    const b = player.buffer.buffered;
-    if (b.length) window.latAhead.push(b.end(b.length - 1) - player.video.currentTime);
-  });
-}
-"""
-
-# Display times are read on the performance clock and put on the wall clock by timeOrigin;
-# Date.now() is the system clock, this host's, which is the house clock here. Their difference
-# in the page (ms, Date.now()'s resolution) says whether timeOrigin + now() is house time.
-PAGE_CLOCK_JS = "() => performance.timeOrigin + performance.now() - Date.now()"
-
-
-def page_clock_offset_ms(page: Any) -> float:
-    """The page's performance-clock wall time - its Date.now(), in ms; best of five reads
-    (a read can straddle a millisecond tick of Date.now())."""
-    reads = [float(page.evaluate(PAGE_CLOCK_JS)) for _ in range(5)]
-    return min(reads, key=abs)
-
 
 @dataclass
 class PathResult:

@@ -10,13 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
+import shlex
 import socket
 import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 BENCH_LOCK = Path("/tmp/sfu-sidecar-bench.lock")
 LOOPBACK = ("127.0.0.1",)
@@ -95,10 +99,54 @@ async def wait_healthy(server: Server, path: str, what: str) -> None:
 
 
 def holds_bench_lock() -> bool:
-    """Whether this process inherited a descriptor on the lock file, as under
+    """Whether this process inherited a descriptor on the bench lock, as under
     ``flock /tmp/sfu-sidecar-bench.lock CMD`` (locking it again would wait forever)."""
+    return inherits(BENCH_LOCK)
+
+
+# Set in a copy of a benchmark run again in a network namespace of its own (only ``lo``).
+NETNS_MARK = "SFU_SIDECAR_BENCH_NETNS"
+
+
+@contextlib.contextmanager
+def locks(*paths: Path) -> Iterator[None]:
+    """Holds each lock file in turn (bench, then browser), skipping one that ``flock`` already
+    holds for this process (locking it again through a new descriptor would wait forever), and
+    all of them in a copy of the script run in a namespace (NETNS_MARK): the parent holds
+    them."""
+    if os.environ.get(NETNS_MARK):
+        yield
+        return
+    with contextlib.ExitStack() as stack:
+        for path in paths:
+            if inherits(path):
+                continue
+            path.touch(exist_ok=True)
+            handle: IO[str] = stack.enter_context(path.open("w"))
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def inherits(path: Path) -> bool:
+    """Whether this process inherited a descriptor on the lock file ``path`` (as under
+    ``flock PATH CMD``: locking it again through a new descriptor would wait forever)."""
     for fd in os.listdir("/proc/self/fd"):
         with contextlib.suppress(OSError):
-            if Path(os.readlink(f"/proc/self/fd/{fd}")) == BENCH_LOCK:
+            if Path(os.readlink(f"/proc/self/fd/{fd}")) == path:
                 return True
     return False
+
+
+def in_loopback_namespace() -> bool:
+    # The interfaces of this process's own network namespace (/sys/class/net would show the
+    # namespace sysfs was mounted in).
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
+
+
+def rerun_in_loopback_namespace() -> int:
+    """Runs this script again inside a new network namespace with only ``lo`` up (root)."""
+    if os.environ.get(NETNS_MARK):
+        raise SystemExit("still not in a namespace with only lo after unshare -n")
+    command = shlex.join([sys.executable, *sys.argv])
+    return subprocess.call(["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {command}"],
+                           env={**os.environ, NETNS_MARK: "1"})

@@ -49,7 +49,6 @@ import argparse
 import asyncio
 import contextlib
 import fcntl
-import itertools
 import os
 import statistics
 import subprocess
@@ -59,15 +58,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import Protocol
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.processes import (  # noqa: E402  (after the path insert)
+from bench.httpload import ServeRun, closed_loop  # noqa: E402  (after the path insert)
+from bench.processes import (  # noqa: E402
     BENCH_LOCK,
     CPUS,
-    LOOPBACK,
     Server,
     cpu_seconds,
     free_port,
@@ -75,71 +74,21 @@ from bench.processes import (  # noqa: E402  (after the path insert)
     spawn,
     wait_healthy,
 )
+from bench.segmentload import (  # noqa: E402
+    BITRATE,
+    STREAM,
+    TOKEN,
+    Reader,
+    Viewer,
+    _auth,
+    run_publisher,
+)
 
-BITRATE = 1_500_000
-TOKEN = "bench"
-STREAM = "bench"
 SERVER_CPU = 0
-POLL_S = 0.5
 # Stop a stream's segmenting one to two seconds after its reader stops (the sweep runs every
 # second), so a publisher-only window can follow a reader window within a round.
 SEGMENT_IDLE_S = 1.0
 CODECS = {"vp8": ("VP8 + Opus, WebM", "webm"), "h264": ("H.264 + Opus, fMP4", "m4s")}
-
-
-# --- publisher process ------------------------------------------------------------------------
-
-
-def _pin_encoder_bitrates() -> None:
-    # aiortc's encoders start low (VP8 500 kbit/s, H.264 1 Mbit/s) and follow the receiver's
-    # bandwidth estimate; pinning their bounds keeps the stream at the benchmark's 1.5 Mbit/s.
-    from aiortc.codecs import h264, vpx
-
-    for module in (vpx, h264):
-        for name in ("DEFAULT_BITRATE", "MIN_BITRATE", "MAX_BITRATE"):
-            setattr(module, name, BITRATE)
-
-
-def run_publisher(endpoint: str, codec: str) -> None:
-    import numpy as np
-    from av import VideoFrame
-
-    from sfu_sidecar.client.whip import publish
-    from sfu_sidecar.synthetic import CODE_ROWS, BeepAudioTrack, FlashVideoTrack, Timeline
-
-    _pin_encoder_bitrates()
-
-    class NoisyVideoTrack(FlashVideoTrack):
-        """The synthetic broadcaster's frames with a band of fresh noise in each, so the
-        encoder has detail enough to spend its whole bitrate on (the benchmark prints what
-        the stream reached)."""
-
-        def __init__(self, timeline: Timeline) -> None:
-            super().__init__(timeline)
-            self.rng = np.random.default_rng(1)
-
-        async def recv(self) -> VideoFrame:
-            frame = await super().recv()
-            plane = frame.planes[0]
-            luma = np.frombuffer(memoryview(plane), np.uint8).reshape(self.height, plane.line_size)
-            top = CODE_ROWS + 40
-            luma[top:top + 40, : self.width] = self.rng.integers(
-                16, 235, (40, self.width), dtype=np.uint8
-            )
-            return frame
-
-    async def main() -> None:
-        timeline = Timeline.starting_now(time.time_ns)
-        session = await publish(
-            endpoint, [BeepAudioTrack(timeline), NoisyVideoTrack(timeline)], token=TOKEN,
-            capture_start_ns=timeline.start_house_ns, ice_addresses=LOOPBACK, video_codec=codec,
-        )
-        await session.joined()
-        print("ready", flush=True)
-        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
-        await session.close()
-
-    asyncio.run(main())
 
 
 # --- static baseline server process -----------------------------------------------------------
@@ -217,130 +166,6 @@ async def publisher(base: str, codec: str) -> AsyncIterator[None]:
 
 
 # --- load: segment reader and WHEP viewer -----------------------------------------------------
-
-
-def _auth() -> dict[str, str]:
-    return {"Authorization": f"Bearer {TOKEN}"}
-
-
-@dataclass
-class Reader:
-    """A player's requests: the index every POLL_S, each new segment once."""
-
-    media: str
-    ext: str
-    seen: set[int] = field(default_factory=set)
-    segment_bytes: int = 0
-    segment_s: float = 0.0
-    latest: list[dict[str, Any]] = field(default_factory=list)
-    _stop: asyncio.Event = field(default_factory=asyncio.Event)
-    _task: asyncio.Task[None] | None = None
-
-    async def poll(self, http: Any) -> None:
-        async with http.get(f"{self.media}/index.json") as resp:
-            assert resp.status == 200, await resp.text()
-            index = await resp.json()
-        self.latest = index["segments"]
-        for entry in self.latest:
-            if entry["number"] in self.seen:
-                continue
-            async with http.get(f"{self.media}/{entry['number']}.{self.ext}") as resp:
-                assert resp.status == 200, await resp.text()
-                self.segment_bytes += len(await resp.read())
-            self.segment_s += entry["duration_s"]
-            self.seen.add(entry["number"])
-
-    async def _run(self) -> None:
-        import aiohttp
-
-        async with aiohttp.ClientSession(headers=_auth()) as http:
-            while not self._stop.is_set():
-                await self.poll(http)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop.wait(), POLL_S)
-
-    def start(self) -> None:
-        self.latest = []
-        self._stop.clear()
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        self._stop.set()
-        if self._task is not None:
-            await self._task
-            self._task = None
-
-    async def has_segments(self, count: int) -> bool:
-        if self._task is not None and self._task.done():
-            self._task.result()  # a failed poll ends the wait with its error
-        return len(self.latest) >= count
-
-
-@dataclass
-class Viewer:
-    """A WHEP viewer that counts what arrives from the RTP headers, never decoding (its CPU
-    is not what is measured, but it shares a core with the publisher's encoder)."""
-
-    pc: Any
-    resource: str
-    audio_types: set[int]
-    payload_bytes: int = 0
-    video_frames: int = 0
-
-    @classmethod
-    async def open(cls, base: str) -> Viewer:
-        from urllib.parse import urljoin
-
-        import aiohttp
-        from aiortc import RTCPeerConnection, RTCSessionDescription
-
-        from sfu_sidecar.relay import aiortc_adapter, sdp
-        from sfu_sidecar.relay.peer import rtc_configuration
-
-        pc = RTCPeerConnection(rtc_configuration())
-        pc.addTransceiver("audio", direction="recvonly")
-        pc.addTransceiver("video", direction="recvonly")
-        aiortc_adapter.install_ice(pc, LOOPBACK, None)
-        await pc.setLocalDescription(await pc.createOffer())
-        url = f"{base}/whep/{STREAM}"
-        async with aiohttp.ClientSession() as http, http.post(
-            url, data=pc.localDescription.sdp,
-            headers={"Content-Type": "application/sdp", **_auth()},
-        ) as resp:
-            assert resp.status == 201, await resp.text()
-            answer = await resp.text()
-            location = resp.headers["Location"]
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-        audio_types = {m.primary.payload_type for m in sdp.parse(answer, what="a").media
-                       if m.kind == "audio"}
-        viewer = cls(pc, urljoin(url, location), audio_types)
-        for dtls in aiortc_adapter.dtls_transports(pc):
-            aiortc_adapter.on_rtp(dtls, viewer.count)
-        return viewer
-
-    def count(self, data: bytes, arrival_time_ms: int) -> None:
-        header = 12 + 4 * (data[0] & 0x0F)
-        if data[0] & 0x10:  # header extensions
-            header += 4 + 4 * int.from_bytes(data[header + 2:header + 4], "big")
-        self.payload_bytes += len(data) - header
-        if (data[1] & 0x7F) not in self.audio_types and data[1] & 0x80:
-            self.video_frames += 1  # the marker bit ends a video frame
-
-    async def receiving(self) -> bool:
-        return self.video_frames > 0
-
-    async def close(self) -> None:
-        import aiohttp
-
-        with contextlib.suppress(aiohttp.ClientError):
-            async with aiohttp.ClientSession() as http, http.delete(
-                self.resource, headers=_auth()
-            ):
-                pass
-        await self.pc.close()
-
-
-# --- part: remux CPU against per-viewer forwarding --------------------------------------------
 
 
 CONDITIONS = ("publisher only", "+ segment reader", "+ WHEP viewer")
@@ -461,16 +286,6 @@ async def measure_cpu(
 
 
 @dataclass
-class ServeRun:
-    rate: float
-    p50_ms: float
-    p99_ms: float
-    cpu_us_per_request: float
-    server_cpu_pct: float
-    errors: int
-
-
-@dataclass
 class ServeResult:
     codec: str
     conns: int
@@ -502,106 +317,6 @@ class ServeResult:
         errors = sum(r.errors for r in self.product + self.static)
         return [f"{self.codec}: {self.segments} segments served, {self.mean_bytes / 1e3:.0f} kB "
                 f"each, errors {errors}"]
-
-
-class _Connection(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection that reads a response's length and counts its body
-    without keeping it. aiohttp's client tops out near 4000 GETs/s of 200 kB on one core of
-    this machine, below what the servers serve; this one, on uvloop, about three times that,
-    so the servers are what is measured."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.head = bytearray()
-        self.left = -1  # body bytes still to come; -1 while reading the head
-        self.status = 0
-        self.length = 0
-        self.done: asyncio.Future[tuple[int, int]] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        # uvloop's transports are not subclasses of asyncio.Transport; they write all the same.
-        self.transport = cast(asyncio.Transport, transport)
-
-    def data_received(self, data: bytes) -> None:
-        if self.left < 0:
-            self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            lines = bytes(self.head[:end]).decode("latin-1").split("\r\n")
-            self.status = int(lines[0].split()[1])
-            fields = dict(line.lower().split(":", 1) for line in lines[1:])
-            # Both servers answer with a length, never chunked; a response without one fails.
-            self.length = int(fields["content-length"])
-            self.left = self.length - (len(self.head) - end - 4)
-            self.head.clear()
-        else:
-            self.left -= len(data)
-        if self.left == 0 and self.done is not None:
-            self.left = -1
-            self.done.set_result((self.status, self.length))
-            self.done = None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.done is not None:
-            self.done.set_exception(ConnectionError("the server closed the connection"))
-
-    async def get(self, request: bytes) -> tuple[int, int]:
-        assert self.transport is not None
-        self.done = asyncio.get_running_loop().create_future()
-        self.transport.write(request)
-        return await self.done
-
-
-async def closed_loop(
-    server: Server, paths: list[str], sizes: dict[str, int], conns: int, seconds: float
-) -> ServeRun:
-    """``conns`` connections, each GETting the next path as soon as its last answer is read."""
-    from urllib.parse import urlsplit
-
-    url = urlsplit(server.base)
-    loop = asyncio.get_running_loop()
-    requests = [
-        (f"GET {path} HTTP/1.1\r\nHost: {url.netloc}\r\nAuthorization: Bearer {TOKEN}\r\n"
-         "\r\n".encode(), sizes[path])
-        for path in paths
-    ]
-    queue = itertools.cycle(requests)
-    latencies: list[float] = []
-    errors = 0
-    # Connections opened before the clock starts: steady state, not TCP handshakes.
-    connections = [
-        (await loop.create_connection(_Connection, url.hostname or "", url.port or 80))[1]
-        for _ in range(conns)
-    ]
-
-    async def get(connection: _Connection, request: bytes, size: int) -> None:
-        nonlocal errors
-        t0 = time.perf_counter()
-        status, length = await connection.get(request)
-        if status != 200 or length != size:
-            errors += 1
-        else:
-            latencies.append((time.perf_counter() - t0) * 1000)
-
-    async def run(connection: _Connection) -> None:
-        while time.perf_counter() < stop:
-            await get(connection, *next(queue))
-
-    await asyncio.gather(*(get(c, *requests[0]) for c in connections))
-    latencies.clear()
-    cpu0 = cpu_seconds(server.proc.pid)
-    started = time.perf_counter()
-    stop = started + seconds
-    await asyncio.gather(*(run(c) for c in connections))
-    elapsed = time.perf_counter() - started
-    cpu = cpu_seconds(server.proc.pid) - cpu0
-    for c in connections:
-        assert c.transport is not None
-        c.transport.close()
-    q = statistics.quantiles(latencies, n=100)
-    return ServeRun(len(latencies) / elapsed, q[49], q[98],
-                    cpu / max(1, len(latencies) + errors) * 1e6, 100 * cpu / elapsed, errors)
 
 
 async def measure_serving(
@@ -638,7 +353,7 @@ async def measure_serving(
         for r in range(rounds):
             for name, server, runs in (("product", product, result.product),
                                        ("static", static, result.static)):
-                run = await closed_loop(server, paths, sizes, conns, seconds)
+                run = await closed_loop(server, paths, sizes, conns, seconds, TOKEN)
                 runs.append(run)
                 print(f"  {codec} serve round {r + 1}: {name:<7} {run.rate:7.0f} req/s, p50 "
                       f"{run.p50_ms:.2f} ms, p99 {run.p99_ms:.2f} ms, server "
