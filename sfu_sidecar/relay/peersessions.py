@@ -18,7 +18,7 @@ from sfu_sidecar.relay import aiortc_adapter as adapter
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
 from sfu_sidecar.relay.peer import ChannelHandle, IdleTrack, PeerLink, codec_capabilities
-from sfu_sidecar.relay.session import ENDED_DISCONNECTED, PublisherSlot, PublisherSource, later
+from sfu_sidecar.relay.session import PublisherSlot, PublisherSource
 from sfu_sidecar.relay.sessionstate import SessionState
 from sfu_sidecar.relay.viewersink import ViewerSink, ViewerSlot
 
@@ -78,9 +78,10 @@ class PublisherSession(PublisherSource):
         return self.peer.answer_sdp
 
     def _peer_state(self, state: SessionState | None) -> None:
-        if state is None:
-            later(self.close(ENDED_DISCONNECTED))
-        elif self.life.move(state) and state is SessionState.CONNECTED:
+        was = self.state
+        self.follow_peer(state)
+        # Each time it becomes connected, the first time and after an interruption alike.
+        if self.state is SessionState.CONNECTED and was is not SessionState.CONNECTED:
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
             self._notify("publisher_connected", lambda o: o.publisher_connected(self))
@@ -173,11 +174,7 @@ class ViewerSession(ViewerSink):
         return answer_text
 
     def _peer_state(self, state: SessionState | None) -> None:
-        if state is None:
-            later(self.close(ENDED_DISCONNECTED))
-            return
-        first = state is SessionState.CONNECTED and not self.connected_once
-        if self.life.move(state) and first:
+        if self.follow_peer(state):
             dtls = adapter.dtls_transports(self.pc)[0]
             self._send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
             for output in self.outputs.values():

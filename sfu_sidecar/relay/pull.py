@@ -52,7 +52,7 @@ from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
 from sfu_sidecar.relay.peer import ChannelHandle, PeerLink
-from sfu_sidecar.relay.session import ENDED_DISCONNECTED, PublisherSlot, PublisherSource, later
+from sfu_sidecar.relay.session import ENDED_DISCONNECTED, PublisherSlot, PublisherSource
 from sfu_sidecar.relay.sessionstate import SessionState
 from sfu_sidecar.sync.wire import (
     Batch,
@@ -245,11 +245,7 @@ class PullSession(PublisherSource):
     # --- transport --------------------------------------------------------------------------
 
     def _peer_state(self, state: SessionState | None) -> None:
-        if state is None:
-            later(self.close(ENDED_DISCONNECTED))
-            return
-        first = state is SessionState.CONNECTED and not self.connected_once
-        if self.life.move(state) and first:
+        if self.follow_peer(state):
             dtls = adapter.dtls_transports(self.pc)[0]
             _, self._send_rtcp = adapter.rtp_sender(dtls)
             self._notify("publisher_connected", lambda o: o.publisher_connected(self))

@@ -44,7 +44,7 @@ from sfu_sidecar.relay import remote
 from sfu_sidecar.relay import sdp as sdpmod
 from sfu_sidecar.relay.hooks import RelayObserver
 from sfu_sidecar.relay.peer import ChannelHandle, IdleTrack, PeerLink, codec_capabilities
-from sfu_sidecar.relay.session import ENDED_DELETED, ENDED_DISCONNECTED, ENDED_SHUTDOWN, later
+from sfu_sidecar.relay.session import ENDED_DELETED, ENDED_DISCONNECTED, ENDED_SHUTDOWN
 from sfu_sidecar.relay.sessionstate import SessionState
 from sfu_sidecar.relay.streams import Streams
 from sfu_sidecar.relay.taprequest import check_keys, check_stream
@@ -169,11 +169,7 @@ class PushSession(ViewerSink):
     # --- transport --------------------------------------------------------------------------
 
     def _peer_state(self, state: SessionState | None) -> None:
-        if state is None:
-            later(self.close(ENDED_DISCONNECTED))
-            return
-        first = state is SessionState.CONNECTED and not self.connected_once
-        if self.life.move(state) and first:
+        if self.follow_peer(state):
             dtls = adapter.dtls_transports(self.pc)[0]
             send_rtp, self._send_rtcp = adapter.rtp_sender(dtls)
             for output in self.outputs.values():

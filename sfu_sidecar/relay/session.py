@@ -140,6 +140,15 @@ class SessionBase:
     async def _release(self) -> None:
         """Free the transport (peer connection, sockets) once the session has ended."""
 
+    def follow_peer(self, state: SessionState | None) -> bool:
+        """Take a peer connection's new state (``peer.PeerLink``) as the session's; whether the
+        session has just connected for the first time. A failed or closed transport ends it."""
+        if state is None:
+            later(self.close(ENDED_DISCONNECTED))
+            return False
+        first = state is SessionState.CONNECTED and not self.connected_once
+        return self.life.move(state) and first
+
     def _notify(self, hook: str, call: Callable[[RelayObserver], None]) -> None:
         """``call`` every observer's ``hook``; one that raises is logged, the rest still run."""
         for observer in self.observers:
