@@ -22,7 +22,7 @@
 
 import { CueBook } from "./captions.js";
 import { joinClock } from "./clocksync.js";
-import { FrameCues } from "./cuetrack.js";
+import { CaptionTracks } from "./captiontracks.js";
 import { median, PlayoutMeter } from "./playout.js";
 import { SOURCES } from "./syncwire.js";
 import { ABS_CAPTURE_TIME } from "./whep.js";
@@ -146,9 +146,9 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
   const base = new URL(sidecarUrl ?? globalThis.location.href).href;
   const book = new CueBook();
   const meter = new PlayoutMeter();
-  const track = video.addTextTrack("captions", label, lang);
-  track.mode = "showing";
-  const cues = new FrameCues(track); // the VTTCues, placed per presented frame
+  // The VTTCues on one showing track, placed per presented frame (captiontracks.js).
+  const captions = new CaptionTracks({ video, lang, label: () => label });
+  const { track } = captions.track(lang);
   const captureLog = new CaptureLog();
   const offsets = []; // recent (media time - estimated capture stream time), seconds
   let since = 0;
@@ -220,8 +220,8 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
   }
 
   function syncCue(id, force = false) {
-    cues.sync(id, book.cues.get(id), force);
-    stats.replacements = cues.replacements;
+    captions.syncBook(id, book.cues.get(id), force);
+    stats.replacements = captions.replacements;
   }
 
   // The capture time (BigInt house ns) of the frame rVFC reports, and where it came from.
@@ -274,21 +274,16 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     } else {
       offsets.length = 0;
     }
-    cues.place(streamS, video.currentTime);
-    stats.relationS = cues.placing.t - streamS;
-    for (const id of book.cues.keys()) syncCue(id);
+    const t = video.currentTime;
+    stats.relationS = t - streamS;
     // Caption timing as the viewer page reports it: capture time of the first frame showing
     // each cue minus the cue's start.
-    for (const vtt of track.activeCues ?? []) {
-      const cue = book.cues.get(vtt.id);
-      if (cue) meter.caption(cue, streamS);
-    }
+    for (const cue of captions.placeBook(streamS, t, book.cues, lang)) meter.caption(cue, streamS);
+    stats.replacements = captions.replacements;
     stats.cuesShown = meter.seenCues.size;
     if (meter.captionErrorsMs.length) stats.captionErrorMs = median(meter.captionErrorsMs);
-    if (stats.presented % 300 === 0) {
-      book.prune(streamS); // bounded memory, as the viewer page; their VTTCues go with them
-      for (const id of [...cues.vtt.keys()]) if (!book.cues.has(id)) syncCue(id);
-    }
+    // Bounded memory, as the viewer page; their VTTCues leave at the next frame's placing.
+    if (stats.presented % 300 === 0) book.prune(streamS);
   }
 
   rejoin();
@@ -301,8 +296,7 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
     clearTimeout(pollTimer);
     clearInterval(rejoinTimer);
     if (frameHandle !== null) video.cancelVideoFrameCallback(frameHandle);
-    cues.clear();
-    track.mode = "disabled"; // a TextTrack cannot be removed from its element; it is hidden
+    captions.clear(); // its track stays on the element, disabled
   }
 
   return { stats, track, book, detach };

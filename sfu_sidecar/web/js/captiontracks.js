@@ -12,9 +12,11 @@ export class CaptionTracks {
   // base: the stream's caption URL (/captions/{stream}/); headers(): request headers;
   // stats: counts livePushed and keeps captionError; makeCue: how a VTTCue is made (tests);
   // hidden: new tracks start hidden (the page's controls choose which shows);
-  // onLanguages(langs): called with every language once a new one appears.
+  // onLanguages(langs): called with every language once a new one appears; label(lang): the
+  // track's label (the language by default).
   constructor({ video, lang = null, base = null, headers = () => ({}), stats = {}, makeCue = undefined,
-    hidden = false, onLanguages = () => {} }) {
+    hidden = false, onLanguages = () => {}, label = (l) => l }) {
+    this.label = label;
     this.makeCue = makeCue;
     this.hidden = hidden;
     this.onLanguages = onLanguages;
@@ -31,7 +33,7 @@ export class CaptionTracks {
   track(lang) {
     let entry = this.tracks.get(lang);
     if (entry !== undefined) return entry;
-    const track = this.video.addTextTrack("captions", lang, lang);
+    const track = this.video.addTextTrack("captions", this.label(lang), lang);
     const first = this.tracks.size === 0;
     const shows = !this.hidden && (this.lang === null ? first : lang === this.lang);
     track.mode = shows ? "showing" : "hidden";
@@ -74,6 +76,33 @@ export class CaptionTracks {
   close() {
     this.live?.close();
     this.live = null;
+  }
+
+  // Takes every cue off every track and hides them (a TextTrack cannot be removed from its
+  // element).
+  clear() {
+    this.close();
+    for (const entry of this.tracks.values()) {
+      entry.placer.clear();
+      entry.track.mode = "disabled";
+    }
+  }
+
+  // VTTCues moved or put back fresh since the start (cuetrack.js FrameCues), all tracks.
+  get replacements() {
+    let n = 0;
+    for (const entry of this.tracks.values()) n += entry.placer.replacements;
+    return n;
+  }
+
+  // A cue of the page's book changed (`cue`: its new state, undefined once retracted): its
+  // VTTCue follows at once, placed for the frame last presented.
+  syncBook(id, cue, force = false) {
+    if (cue === undefined) {
+      for (const entry of this.tracks.values()) entry.placer.sync(id, undefined, force);
+      return;
+    }
+    this.track(cue.lang ?? this.lang ?? "en").placer.sync(id, cue, force);
   }
 
   // Fetches the chunks around stream time `t`: the one playing and the next two (live ones

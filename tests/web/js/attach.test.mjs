@@ -1,9 +1,11 @@
-// The pure parts of attach.js: capture times from synchronization sources, and cue placement.
+// attach.js: capture times from synchronization sources, cue placement, and attach() itself on a
+// fake video element, receiver and caption feed.
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import {
-  absCaptureNs, absMissingReason, CaptureLog, GUARD_S, NTP_EPOCH_UNIX_MS, placeCue, rtpDiff,
+  absCaptureNs, absMissingReason, attach, CaptureLog, GUARD_S, NTP_EPOCH_UNIX_MS, placeCue, rtpDiff,
+  SOURCE_ABS,
 } from "../../../sfu_sidecar/web/js/attach.js";
 import { ABS_CAPTURE_TIME } from "../../../sfu_sidecar/web/js/whep.js";
 
@@ -73,4 +75,84 @@ test("the fallback reason says whether abs-capture-time was negotiated", () => {
   assert.match(absMissingReason(receiver(["urn:ietf:params:rtp-hdrext:sdes:mid"])), /not negotiated/);
   assert.match(absMissingReason(receiver([ABS_CAPTURE_TIME])), /does not forward it/);
   assert.match(absMissingReason({}), /reports no abs-capture-time/);
+});
+
+// --- attach() on a fake video element, receiver and caption feed ----------------------------
+
+class FakeTrack {
+  constructor(video, label, lang) {
+    Object.assign(this, { video, label, language: lang, mode: "disabled", cues: new Set() });
+  }
+
+  addCue(c) {
+    this.cues.add(c);
+  }
+
+  removeCue(c) {
+    this.cues.delete(c);
+  }
+
+  get activeCues() { // as the browser decides them, from the element's currentTime
+    return [...this.cues].filter((c) => c.startTime <= this.video.currentTime
+      && this.video.currentTime < c.endTime);
+  }
+}
+
+class FakeVideo {
+  constructor() {
+    Object.assign(this, { currentTime: 0, textTracks: [], frame: null, handles: 0 });
+  }
+
+  addTextTrack(kind, label, lang) {
+    const track = new FakeTrack(this, label, lang);
+    this.textTracks.push(track);
+    return track;
+  }
+
+  requestVideoFrameCallback(cb) {
+    this.frame = cb;
+    return ++this.handles;
+  }
+
+  cancelVideoFrameCallback() {
+    this.frame = null;
+  }
+}
+
+test("attach() shows a feed's cue on exactly the frames captured in its interval", async () => {
+  const savedCue = globalThis.VTTCue;
+  globalThis.VTTCue = class { constructor(s, e, text) { Object.assign(this, { startTime: s, endTime: e, text }); } };
+  const feed = [
+    `{"epoch_ns": ${base}, "next": 1, "cues": [{"id": "c1", "lang": "en", "start": 1.0, "end": 2.0, "text": "one"}]}`,
+    '{"next": 1, "cues": []}',
+  ];
+  const savedFetch = globalThis.fetch;
+  globalThis.fetch = async () => ({ ok: true, status: 200, text: async () => feed.shift() ?? '{"next": 1, "cues": []}' });
+  let frame = 0;
+  const receiver = { getSynchronizationSources: () => [source(frame)], getParameters: () => ({}) };
+  const video = new FakeVideo();
+  const { stats, track, detach } = attach({
+    video, receiver, sidecarUrl: "http://127.0.0.1:9/", stream: "s", pollMs: 60_000,
+  });
+  try {
+    await new Promise((done) => setTimeout(done, 20)); // the feed's first answers
+    assert.equal(stats.epochNs, base);
+    assert.equal(track.mode, "showing");
+    const shownOn = [];
+    for (frame = 0; frame < 75; frame++) {
+      video.currentTime = 100 + frame / 30; // media time runs on its own origin
+      video.frame(0, { rtpTimestamp: source(frame).rtpTimestamp, mediaTime: video.currentTime });
+      if (track.activeCues.length) shownOn.push(frame);
+    }
+    // Frames 30..59 are captured in [1 s, 2 s): the cue shows on them and on no other.
+    assert.deepEqual(shownOn, Array.from({ length: 30 }, (_, i) => 30 + i));
+    assert.equal(stats.source, SOURCE_ABS);
+    assert.equal(stats.cuesShown, 1);
+  } finally {
+    detach();
+    globalThis.fetch = savedFetch;
+    globalThis.VTTCue = savedCue;
+  }
+  assert.equal(track.mode, "disabled");
+  assert.equal(track.cues.size, 0);
 });
