@@ -74,7 +74,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.pageprobes import MSE_JS, WEBRTC_JS, page_clock_offset_ms  # noqa: E402  (path)
-
 from bench.processes import (  # noqa: E402
     free_port,
     in_loopback_namespace,
