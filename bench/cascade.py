@@ -48,14 +48,14 @@ sys.path.insert(0, str(ROOT))
 from bench.processes import (  # noqa: E402  (after the path insert)
     BENCH_LOCK,
     CPUS,
-    LOOPBACK,
     Server,
     free_port,
     holds_bench_lock,
     spawn,
     wait_healthy,
 )
-from bench.segments import SERVER_CPU, STREAM, TOKEN, _auth, publisher  # noqa: E402
+from bench.segmentload import whep_offer  # noqa: E402
+from bench.segments import SERVER_CPU, TOKEN, _auth, publisher  # noqa: E402
 
 ABS_CAPTURE_TIME = "http://www.webrtc.org/experiments/rtp-hdrext/abs-capture-time"
 
@@ -99,32 +99,13 @@ class FrameViewer:
 
     @classmethod
     async def open(cls, base: str) -> FrameViewer:
-        from urllib.parse import urljoin
-
-        import aiohttp
-        from aiortc import RTCPeerConnection, RTCSessionDescription
-
         from sfu_sidecar.relay import aiortc_adapter, sdp
-        from sfu_sidecar.relay.peer import rtc_configuration
 
         for kind in ("audio", "video"):  # aiortc offers only the extensions it was told of
             aiortc_adapter.negotiate_header_extension(kind, ABS_CAPTURE_TIME)
-        pc = RTCPeerConnection(rtc_configuration())
-        pc.addTransceiver("audio", direction="recvonly")
-        pc.addTransceiver("video", direction="recvonly")
-        aiortc_adapter.install_ice(pc, LOOPBACK, None)
-        await pc.setLocalDescription(await pc.createOffer())
-        url = f"{base}/whep/{STREAM}"
-        async with aiohttp.ClientSession() as http, http.post(
-            url, data=pc.localDescription.sdp,
-            headers={"Content-Type": "application/sdp", **_auth()},
-        ) as resp:
-            assert resp.status == 201, await resp.text()
-            answer = await resp.text()
-            location = resp.headers["Location"]
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        pc, answer, location = await whep_offer(base)
         video = next(m for m in sdp.parse(answer, what="a").media if m.kind == "video")
-        viewer = cls(pc, urljoin(url, location), video.primary.payload_type,
+        viewer = cls(pc, location, video.primary.payload_type,
                      video.extensions[ABS_CAPTURE_TIME])
         for dtls in aiortc_adapter.dtls_transports(pc):
             aiortc_adapter.on_rtp(dtls, viewer.on_rtp)

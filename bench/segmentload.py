@@ -75,6 +75,34 @@ def _auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}"}
 
 
+async def whep_offer(base: str) -> tuple[Any, str, str]:
+    """A recvonly audio + video aiortc peer that viewed the benchmark stream over WHEP on
+    loopback: (the peer, the relay's answer, the session's resource URL)."""
+    from urllib.parse import urljoin
+
+    import aiohttp
+    from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    from sfu_sidecar.relay import aiortc_adapter
+    from sfu_sidecar.relay.peer import rtc_configuration
+
+    pc = RTCPeerConnection(rtc_configuration())
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.addTransceiver("video", direction="recvonly")
+    aiortc_adapter.install_ice(pc, LOOPBACK, None)
+    await pc.setLocalDescription(await pc.createOffer())
+    url = f"{base}/whep/{STREAM}"
+    async with aiohttp.ClientSession() as http, http.post(
+        url, data=pc.localDescription.sdp,
+        headers={"Content-Type": "application/sdp", **_auth()},
+    ) as resp:
+        assert resp.status == 201, await resp.text()
+        answer = await resp.text()
+        location = resp.headers["Location"]
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    return pc, answer, urljoin(url, location)
+
+
 @dataclass
 class Reader:
     """A player's requests: the index every POLL_S, each new segment once."""
@@ -141,31 +169,12 @@ class Viewer:
 
     @classmethod
     async def open(cls, base: str) -> Viewer:
-        from urllib.parse import urljoin
-
-        import aiohttp
-        from aiortc import RTCPeerConnection, RTCSessionDescription
-
         from sfu_sidecar.relay import aiortc_adapter, sdp
-        from sfu_sidecar.relay.peer import rtc_configuration
 
-        pc = RTCPeerConnection(rtc_configuration())
-        pc.addTransceiver("audio", direction="recvonly")
-        pc.addTransceiver("video", direction="recvonly")
-        aiortc_adapter.install_ice(pc, LOOPBACK, None)
-        await pc.setLocalDescription(await pc.createOffer())
-        url = f"{base}/whep/{STREAM}"
-        async with aiohttp.ClientSession() as http, http.post(
-            url, data=pc.localDescription.sdp,
-            headers={"Content-Type": "application/sdp", **_auth()},
-        ) as resp:
-            assert resp.status == 201, await resp.text()
-            answer = await resp.text()
-            location = resp.headers["Location"]
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        pc, answer, location = await whep_offer(base)
         audio_types = {m.primary.payload_type for m in sdp.parse(answer, what="a").media
                        if m.kind == "audio"}
-        viewer = cls(pc, urljoin(url, location), audio_types)
+        viewer = cls(pc, location, audio_types)
         for dtls in aiortc_adapter.dtls_transports(pc):
             aiortc_adapter.on_rtp(dtls, viewer.count)
         return viewer
