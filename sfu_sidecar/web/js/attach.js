@@ -23,7 +23,8 @@
 import { CueBook } from "./captions.js";
 import { joinClock } from "./clocksync.js";
 import { CaptionTracks } from "./captiontracks.js";
-import { median, PlayoutMeter } from "./playout.js";
+import { FrameStats } from "./framestats.js";
+import { median } from "./playout.js";
 import { SOURCES } from "./syncwire.js";
 import { ABS_CAPTURE_TIME } from "./whep.js";
 import { wsUrl } from "./wsurl.js";
@@ -145,7 +146,6 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
   if (!stream) throw new TypeError("attach: stream is required");
   const base = new URL(sidecarUrl ?? globalThis.location.href).href;
   const book = new CueBook();
-  const meter = new PlayoutMeter();
   // The VTTCues on one showing track, placed per presented frame (captiontracks.js).
   const captions = new CaptionTracks({ video, lang, label: () => label });
   const { track } = captions.track(lang);
@@ -159,19 +159,18 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
   let clock = null;
   let absFramesMissing = 0;
 
-  const stats = {
-    stream, lang,
-    presented: 0, mapped: 0,
-    source: null, estimated: null, fallbackReason: null,
+  // What every player counts of its frames (framestats.js), and what attach() adds.
+  const stats = Object.assign(new FrameStats(), {
+    stream, lang, fallbackReason: null,
     captionFeed: new URL(`/api/streams/${encodeURIComponent(stream)}/captions`, base).href,
     captionFeedError: null,
     clock: { state: "joining", offsetNs: null, errorNs: null, rttNs: null, error: null },
     epochNs: null,
-    cuesLoaded: 0, cuesShown: 0, replacements: 0,
-    lastCaptureNs: null, lastStreamS: null, lastMediaTime: null, relationS: null,
+    cuesLoaded: 0, replacements: 0,
+    lastMediaTime: null, relationS: null,
     senderCaptureTimeOffsetMs: null, // shown, not applied: see absCaptureNs
-    captionErrorMs: null,
-  };
+    captionErrorMs: null, // median, as the viewer page reports it
+  });
 
   async function rejoin() {
     try {
@@ -252,38 +251,37 @@ export function attach({ video, receiver, sidecarUrl, stream, lang = "en", token
   function onFrame(now, meta) {
     if (stopped) return;
     frameHandle = video.requestVideoFrameCallback(onFrame);
-    stats.presented++;
     const found = captureOf(now, meta);
-    if (found === null) return;
-    stats.mapped++;
-    stats.source = found.source;
-    stats.estimated = found.estimated;
+    if (found === null) {
+      stats.frame();
+      return;
+    }
     stats.fallbackReason = found.reason;
-    stats.lastCaptureNs = found.ns;
     stats.lastMediaTime = meta.mediaTime;
     stats.senderCaptureTimeOffsetMs = captureLog.lastOffsetMs;
     let streamS = book.streamSeconds(found.ns);
-    stats.lastStreamS = streamS;
-    if (streamS === null) return; // no epoch yet: nothing to place against
-    if (found.estimated) {
-      // An estimate jitters from frame to frame with the network; the frames' own media times
-      // (from their RTP timestamps) do not: the median offset of recent frames carries it.
-      offsets.push(meta.mediaTime - streamS);
-      if (offsets.length > SMOOTH_FRAMES) offsets.shift();
-      streamS = meta.mediaTime - median(offsets);
-    } else {
-      offsets.length = 0;
+    let cues = [];
+    if (streamS !== null) { // else no epoch yet: nothing to place against
+      if (found.estimated) {
+        // An estimate jitters from frame to frame with the network; the frames' own media
+        // times (from their RTP timestamps) do not: the median offset of recent frames carries it.
+        offsets.push(meta.mediaTime - streamS);
+        if (offsets.length > SMOOTH_FRAMES) offsets.shift();
+        streamS = meta.mediaTime - median(offsets);
+      } else {
+        offsets.length = 0;
+      }
+      const t = video.currentTime;
+      stats.relationS = t - streamS;
+      cues = captions.placeBook(streamS, t, book.cues, lang);
+      stats.replacements = captions.replacements;
     }
-    const t = video.currentTime;
-    stats.relationS = t - streamS;
     // Caption timing as the viewer page reports it: capture time of the first frame showing
     // each cue minus the cue's start.
-    for (const cue of captions.placeBook(streamS, t, book.cues, lang)) meter.caption(cue, streamS);
-    stats.replacements = captions.replacements;
-    stats.cuesShown = meter.seenCues.size;
-    if (meter.captionErrorsMs.length) stats.captionErrorMs = median(meter.captionErrorsMs);
+    stats.frame({ captureNs: found.ns, source: found.source, estimated: found.estimated, streamS, cues });
+    stats.captionErrorMs = stats.captionErrorMedianMs();
     // Bounded memory, as the viewer page; their VTTCues leave at the next frame's placing.
-    if (stats.presented % 300 === 0) book.prune(streamS);
+    if (streamS !== null && stats.presented % 300 === 0) book.prune(streamS);
   }
 
   rejoin();

@@ -8,7 +8,8 @@
 // player starts one closed segment behind the newest and appends whole closed segments.
 
 import {
-  added, DriftGuard, driftOf, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan, trimRange,
+  added, concat, DriftGuard, driftOf, mimeOf, playheadFix, PlayerStats, ranges, seekTarget, SegmentPlan,
+  trimRange,
 } from "./msemodel.js";
 import { CaptionTracks } from "./captiontracks.js";
 
@@ -20,11 +21,6 @@ const STREAM_AGAIN = 4; // a streamed segment that ended is followed at once, th
 export class MsePlayerError extends Error {}
 // The SourceBuffer refused an append: the media element is in error until it gets a new source.
 export class SourceBufferError extends MsePlayerError {}
-
-// The MIME type a SourceBuffer needs for the index's container and RFC 6381 codec strings.
-export function mimeOf(index) {
-  return `video/${index.container}; codecs="${index.codecs.join(", ")}"`;
-}
 
 export class MsePlayer {
   // video: the <video>; stream: its name; token: view token (Bearer) or undefined;
@@ -70,6 +66,7 @@ export class MsePlayer {
     this.busy = false;
     this.frameListeners = []; // called with each presented frame's record
     this.appending = null; // the URL of the segment being appended, named when one is refused
+    this.resumeAt = null; // the sequence number to go on from should that append be refused
   }
 
   headers() {
@@ -155,10 +152,12 @@ export class MsePlayer {
     this.stats.lastError = String(err.message ?? err);
     this.onStatus(`stream "${this.stream}": playback restarted after: ${this.stats.lastError}`, true);
     URL.revokeObjectURL(this.video.src);
-    const { next, streaming } = this.plan;
+    const { streaming } = this.plan;
+    const next = this.resumeAt ?? this.plan.next;
     await this.open();
-    // On from the segment after the refused one: nothing shown is shown again, and the break
-    // that leaves is bridged by the first append's seek, not counted as a resync. A refused
+    // On from the segment after the refused one (the plan had handed out those after it too):
+    // nothing shown is shown again, and the break that leaves is bridged by the first append's
+    // seek, not counted as a resync. A refused init is retried with its segment. A refused
     // segment that was being streamed is passed over once it is listed as closed.
     this.plan.next = next;
     this.plan.expectedStart = null;
@@ -205,10 +204,12 @@ export class MsePlayer {
 
   async step(index) {
     let streamed = false;
-    for (const action of this.plan.plan(index)) {
+    const actions = this.plan.plan(index);
+    for (const [i, action] of actions.entries()) {
       if (action.type === "init") {
         const data = await (await this.fetchOk(new URL(action.url, this.media), "init segment")).arrayBuffer();
         this.appending = action.url;
+        this.resumeAt = actions[i + 1]?.segment.sequence ?? null; // an init precedes its segment
         await this.append(data);
         continue;
       }
@@ -219,6 +220,7 @@ export class MsePlayer {
       const { segment, resync } = action;
       const data = await (await this.fetchOk(new URL(segment.url, this.media), `segment ${segment.number}`)).arrayBuffer();
       this.appending = segment.url;
+      this.resumeAt = segment.sequence + 1;
       if (resync !== null) await this.resync({ ...resync, atS: segment.start_s });
       const before = ranges(this.buffer.buffered);
       await this.append(data);
@@ -261,6 +263,7 @@ export class MsePlayer {
       return false;
     }
     this.appending = segment.url;
+    this.resumeAt = null; // refused: the plan passes over it once it is listed closed (recover)
     if (resync !== null) await this.resync({ ...resync, atS: segment.start_s });
     const received = [];
     const before = ranges(this.buffer.buffered);
@@ -450,8 +453,13 @@ export class MsePlayer {
     // its end for as long as currentTime trails that time.
     const t = this.video.currentTime;
     const shown = this.captions.place(frameS, t);
-    this.stats.frame(frameS, shown);
-    this.lastFrame = { frameS, mediaTime: meta.mediaTime, currentTime: t, cues: shown.map((c) => c.id) };
+    const epoch = this.index?.epoch_ns;
+    const captureNs = epoch == null ? null : BigInt(epoch) + BigInt(Math.round(frameS * 1e9));
+    // The segments are written in stream time, so a frame's capture time is exact, not estimated.
+    this.stats.frame({ captureNs, source: "segment", estimated: false, streamS: frameS, cues: shown });
+    this.lastFrame = {
+      frameS, captureNs, mediaTime: meta.mediaTime, currentTime: t, cues: shown.map((c) => c.id),
+    };
     for (const listener of this.frameListeners) listener(this.lastFrame, meta);
     this.video.requestVideoFrameCallback((n, m) => this.onFrame(n, m));
   }
@@ -478,21 +486,13 @@ export class MsePlayer {
       seeks: { ...this.stats.seeks },
       bufferAheadS: edge === null ? null : edge - this.video.currentTime,
       streamS: this.lastFrame?.frameS ?? null,
+      presented: this.stats.presented,
+      captionErrorMedianMs: this.stats.captionErrorMedianMs(),
       captionErrorP95Ms: this.stats.captionErrorP95Ms(),
-      cuesShown: this.stats.seenCues.size,
+      cuesShown: this.stats.cuesShown,
       captionError: this.stats.captionError ?? null,
     };
   }
-}
-
-function concat(pieces) {
-  const out = new Uint8Array(pieces.reduce((n, p) => n + p.length, 0));
-  let at = 0;
-  for (const p of pieces) {
-    out.set(p, at);
-    at += p.length;
-  }
-  return out;
 }
 
 function sleep(ms) {

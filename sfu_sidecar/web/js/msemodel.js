@@ -9,6 +9,8 @@
 // where cues and frames are placed. Resync moves the offset when the bytes stop agreeing with
 // the index, so that stays true.
 
+import { FrameStats } from "./framestats.js";
+
 // A frame more than this away from where the caption timeline puts it is resynced.
 export const DRIFT_S = 0.2;
 // A segment starting this much off the previous one's end is a break in the timeline.
@@ -205,9 +207,10 @@ export function trimRange(bufferedRanges, currentS, keepS = 20) {
   return [start, currentS - keepS];
 }
 
-// Resync counter and caption timing as the stats panel shows them.
-export class PlayerStats {
+// The MSE player's counters for the stats panel, beside what every player counts of its frames.
+export class PlayerStats extends FrameStats {
   constructor() {
+    super();
     this.resyncs = 0;
     this.lastCorrection = null; // {reason, jumpS | correctionS, atS}
     this.restarts = 0; // new MediaSources after the SourceBuffer refused an append
@@ -216,32 +219,26 @@ export class PlayerStats {
     this.streamBreaks = 0; // streamed segments whose response broke off (appended whole later)
     this.livePushed = 0; // cues that came over the live caption push
     this.seeks = { "live-edge": 0, hole: 0 };
-    this.captionErrorsMs = [];
-    this.seenCues = new Set();
   }
 
   resync(correction) {
     this.resyncs++;
     this.lastCorrection = correction;
   }
+}
 
-  // A frame at stream time `frameS` shown with `cues` active: the first frame of each cue
-  // gives its caption error (frame capture time minus cue start). Returns the new errors (s).
-  frame(frameS, cues, keep = 500) {
-    const errors = [];
-    for (const cue of cues) {
-      if (this.seenCues.has(cue.id)) continue;
-      this.seenCues.add(cue.id);
-      errors.push(frameS - cue.start);
-      this.captionErrorsMs.push((frameS - cue.start) * 1000);
-      if (this.captionErrorsMs.length > keep) this.captionErrorsMs.shift();
-    }
-    if (this.seenCues.size > 4 * keep) this.seenCues = new Set([...this.seenCues].slice(-keep));
-    return errors;
-  }
+// The MIME type a SourceBuffer needs for the index's container and RFC 6381 codec strings.
+export function mimeOf(index) {
+  return `video/${index.container}; codecs="${index.codecs.join(", ")}"`;
+}
 
-  captionErrorP95Ms() {
-    const sorted = this.captionErrorsMs.map(Math.abs).sort((a, b) => a - b);
-    return sorted.length ? sorted[Math.min(sorted.length - 1, Math.ceil(0.95 * sorted.length) - 1)] : null;
+// One buffer of `pieces` (Uint8Arrays) in order.
+export function concat(pieces) {
+  const out = new Uint8Array(pieces.reduce((n, p) => n + p.length, 0));
+  let at = 0;
+  for (const p of pieces) {
+    out.set(p, at);
+    at += p.length;
   }
+  return out;
 }

@@ -93,6 +93,15 @@ export function formatLatency(ms) {
   return v < 10_000 ? `${(v / 1000).toFixed(1)} s behind live` : `${Math.round(v / 1000)} s behind live`;
 }
 
+// Latency behind live (ms) of a frame shown at `displayMs` on the page's performance clock
+// (whose origin is `timeOrigin`, ms since 1970) that was captured at `captureNs` (BigInt house
+// ns), given the page's house - browser clock offset `offsetNs`; null while either is unknown.
+export function latencyMs(captureNs, displayMs, offsetNs, timeOrigin) {
+  if (captureNs === null || offsetNs === null || offsetNs === undefined) return null;
+  const displayNs = BigInt(Math.round((timeOrigin + displayMs) * 1e6)) + offsetNs;
+  return Number(displayNs - captureNs) / 1e6;
+}
+
 // A live latency figure that does not flicker: the median of the last few frames' latencies,
 // refreshed at most every `everyMs`.
 export class LatencyMeter {

@@ -1,9 +1,8 @@
-// What the viewer page measures of its own playout, pure: the page feeds the capture times of
-// what it shows and plays, and `report()` returns the `playout` control message (proto/sync.md)
-// for the interval since the previous one.
+// What a player reports of its own playout, pure: it feeds the capture times of what it shows
+// and plays and its cues' caption errors, and `report()` returns the `playout` control message
+// (proto/sync.md) for the interval since the previous one.
 
 const MAX_SAMPLES = 4096; // a few minutes of frames: bounded if reports stop going out
-const MAX_CUES_REMEMBERED = 1024;
 
 export function median(values) {
   if (values.length === 0) return null;
@@ -17,7 +16,6 @@ export class PlayoutMeter {
     this.skewsMs = [];
     this.captionErrorsMs = [];
     this.resyncs = 0;
-    this.seenCues = new Set();
   }
 
   // Capture times (BigInt house ns) of the frame on screen and of the audio playing with it;
@@ -29,17 +27,9 @@ export class PlayoutMeter {
     return skewMs;
   }
 
-  // Called with every cue on screen and the stream time (s) of the frame showing it; a cue
-  // counts once, on the first frame that shows it.
-  caption(cue, streamS) {
-    if (this.seenCues.has(cue.id)) return null;
-    this.seenCues.add(cue.id);
-    if (this.seenCues.size > MAX_CUES_REMEMBERED) {
-      this.seenCues.delete(this.seenCues.values().next().value);
-    }
-    const errorMs = (streamS - cue.start) * 1000;
+  // The caption error (ms) of a cue on the first frame that showed it (FrameStats.frame).
+  captionError(errorMs) {
     if (this.captionErrorsMs.length < MAX_SAMPLES) this.captionErrorsMs.push(errorMs);
-    return errorMs;
   }
 
   resync(count = 1) {

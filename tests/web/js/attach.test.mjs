@@ -8,6 +8,7 @@ import {
   SOURCE_ABS,
 } from "../../../sfu_sidecar/web/js/attach.js";
 import { ABS_CAPTURE_TIME } from "../../../sfu_sidecar/web/js/whep.js";
+import { FakeVideo } from "./fakes.mjs";
 
 const base = 1_796_082_985_790_293_848n; // house ns of frame 0
 const captureOf = (i) => base + BigInt(Math.round((i * 1e9) / 30));
@@ -78,46 +79,6 @@ test("the fallback reason says whether abs-capture-time was negotiated", () => {
 });
 
 // --- attach() on a fake video element, receiver and caption feed ----------------------------
-
-class FakeTrack {
-  constructor(video, label, lang) {
-    Object.assign(this, { video, label, language: lang, mode: "disabled", cues: new Set() });
-  }
-
-  addCue(c) {
-    this.cues.add(c);
-  }
-
-  removeCue(c) {
-    this.cues.delete(c);
-  }
-
-  get activeCues() { // as the browser decides them, from the element's currentTime
-    return [...this.cues].filter((c) => c.startTime <= this.video.currentTime
-      && this.video.currentTime < c.endTime);
-  }
-}
-
-class FakeVideo {
-  constructor() {
-    Object.assign(this, { currentTime: 0, textTracks: [], frame: null, handles: 0 });
-  }
-
-  addTextTrack(kind, label, lang) {
-    const track = new FakeTrack(this, label, lang);
-    this.textTracks.push(track);
-    return track;
-  }
-
-  requestVideoFrameCallback(cb) {
-    this.frame = cb;
-    return ++this.handles;
-  }
-
-  cancelVideoFrameCallback() {
-    this.frame = null;
-  }
-}
 
 test("attach() shows a feed's cue on exactly the frames captured in its interval", async () => {
   const savedCue = globalThis.VTTCue;

@@ -26,17 +26,16 @@ test("A/V skew is audio capture minus video capture, reported as the interval me
   assert.equal(meter.report("demo", 124n).frames, 0); // a new interval starts empty
 });
 
-test("each cue counts once, on its first frame", () => {
+test("caption errors are reported as the interval's mean, then start over", () => {
   const meter = new PlayoutMeter();
-  const cue = { id: "line-3", start: 3.0, end: 3.95 };
-  assert.ok(Math.abs(meter.caption(cue, 3.016) - 16) < 1e-9);
-  assert.equal(meter.caption(cue, 3.05), null);
-  meter.caption({ id: "line-4", start: 4.0 }, 4.024);
+  meter.captionError(16);
+  meter.captionError(24);
   meter.resync();
   const report = meter.report("demo", 1n);
   assert.equal(report.captions, 2);
   assert.ok(Math.abs(report.caption_error_ms - 20) < 1e-9);
   assert.equal(report.resyncs, 1);
+  assert.equal(meter.report("demo", 2n).captions, 0);
 });
 
 test("playout serialises to the bytes the Python codec writes", () => {
