@@ -4,7 +4,10 @@ Why batch at all: in aiortc one DataChannel message is one SCTP chunk in one dat
 costs ~0.2 ms of CPU; peers collapsed past a few thousand messages a second, while 32
 records per message carried ~229 k records/s (docs/architecture.md, aiortc facts). So a
 viewer gets at most one message per ``interval_ns`` (200 ms: 5 messages/s), each at most one
-SCTP chunk.
+SCTP chunk. Control records (captions: a cue, a retraction, a cue cut by a barge-in) do not wait
+that long: a message may go ``control_interval_ns`` (20 ms) after the last one when it carries
+one, so an interrupted speaker's caption leaves the screen within a frame or two, not up to a
+fifth of a second later. Captions change a few times a second at most, so this adds little.
 
 What is kept when a viewer falls behind: frame records are only useful before their frame
 is presented, so the backlog of frames is bounded and loses its oldest first, and frames
@@ -72,12 +75,14 @@ class SyncBatcher:
     returns the next message's bytes when one is due."""
 
     def __init__(
-        self, *, interval_ns: int = 200 * MS, max_frames: int = 256, max_control: int = 256,
+        self, *, interval_ns: int = 200 * MS, control_interval_ns: int = 20 * MS,
+        max_frames: int = 256, max_control: int = 256,
         max_message_bytes: int = MAX_UNFRAGMENTED, max_frame_age_ns: int = 2_000 * MS,
         anchor_repeat_ns: int = 1_000 * MS, anchor_copies: int = 2,
         max_buffered_bytes: int = 16 * 1024,
     ) -> None:
         self.interval_ns = interval_ns
+        self.control_interval_ns = control_interval_ns
         self.max_frames = max_frames
         self.max_control = max_control
         self.max_message_bytes = max_message_bytes
@@ -168,13 +173,16 @@ class SyncBatcher:
         """Earliest time :meth:`poll` may emit, or None if it may emit now."""
         if self._last_emit is None:
             return None
-        return self._last_emit + self.interval_ns
+        return self._last_emit + self._interval()
+
+    def _interval(self) -> int:
+        return self.control_interval_ns if self._control else self.interval_ns
 
     def poll(self, now_ns: int, buffered_amount: int = 0) -> bytes | None:
         """The next message, or None when none is due. ``buffered_amount`` is the channel's
         ``bufferedAmount``: while it is above the limit nothing is added to it, so a slow
         viewer's SCTP queue stays bounded and costs other viewers nothing."""
-        if self._last_emit is not None and now_ns - self._last_emit < self.interval_ns:
+        if self._last_emit is not None and now_ns - self._last_emit < self._interval():
             return None
         self._expire(now_ns)
         if buffered_amount > self.max_buffered_bytes:

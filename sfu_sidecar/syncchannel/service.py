@@ -55,7 +55,8 @@ log = logs.get("sync")
 
 CHANNEL_LABEL = "sync"
 # The batcher emits at most one message per 200 ms; polling at 50 ms keeps that cadence within
-# a quarter interval without a timer per viewer.
+# a quarter interval without a timer per viewer. Caption changes are sent at once
+# (_flush_captions), not at the next poll.
 POLL_INTERVAL_S = 0.05
 # Cues sent to a viewer when it connects: those still on screen or coming (stream seconds).
 CATCH_UP_BEHIND_S = 10.0
@@ -89,6 +90,7 @@ class SyncService(RelayObserver):
         # Channels that opened before their viewer's transport counted as connected.
         self._pending_channels: dict[str, DataChannel] = {}
         self._tasks = Tasks("sync", log)
+        self._flush: asyncio.Handle | None = None  # a caption change's send, when one is due
         # Cues an upstream sidecar pushed, waiting to be stored here (_mirror).
         self._mirrored: asyncio.Queue[Cue | CueRetract] = asyncio.Queue(maxsize=10_000)
         self._messages = metrics.counter("sync_messages", "Messages sent on sync channels")
@@ -118,6 +120,9 @@ class SyncService(RelayObserver):
             self._tasks.start("mirror", self._mirror_loop())
 
     async def stop(self) -> None:
+        if self._flush is not None:
+            self._flush.cancel()
+            self._flush = None
         await self._tasks.stop()
 
     # --- relay hooks ------------------------------------------------------------------------
@@ -360,8 +365,24 @@ class SyncService(RelayObserver):
                 for entry in self.viewers.values():
                     if entry.session.stream_name == event.stream:
                         entry.sync.batcher.add_control(event)
+                if self._flush is None:
+                    # After the events already queued (a barge-in makes several at once).
+                    self._flush = asyncio.get_running_loop().call_soon(self._flush_captions)
         finally:
             subscription.close()
+
+    def _flush_captions(self, retry: bool = True) -> None:
+        """A caption change goes out now rather than at the next poll: a viewer whose last
+        message went out less than the batcher's control interval ago gets it once that has
+        passed (one timer for all of them)."""
+        self._flush = None
+        self.poll_once()
+        due = [when for entry in self.viewers.values()
+               if entry.sync.batcher.queued_control and (when := entry.sync.batcher.next_poll_ns())]
+        if retry and due:
+            delay_s = max(0, min(due) - self.now_ns()) / 1e9
+            self._flush = asyncio.get_running_loop().call_later(
+                delay_s, self._flush_captions, False)
 
     # --- channel I/O ----------------------------------------------------------------------
 

@@ -260,3 +260,26 @@ def test_unpackable_control_fails_when_queued_not_when_polled() -> None:
     b.add_control(Epoch("s", T0))
     raw = b.poll(T0)
     assert raw is not None and parse_message(raw) == Batch(0, (ControlRecord(Epoch("s", T0)),))
+
+
+def test_a_caption_change_goes_out_without_waiting_for_the_frame_interval() -> None:
+    """Frames go at most every 200 ms; a cue or a retraction (a barge-in's cut) may follow the
+    last message after 20 ms, so it reaches the screen within a frame or two."""
+    b = SyncBatcher()
+    b.set_anchor(video_anchor())
+    b.add_frame(0, 1000, T0, Source.SENDER_REPORT, T0)
+    assert b.poll(T0) is not None
+    b.add_frame(0, 4000, T0 + 33 * MS, Source.SENDER_REPORT, T0 + 33 * MS)
+    assert b.poll(T0 + 40 * MS) is None  # frames alone wait for the interval
+    assert b.next_poll_ns() == T0 + 200 * MS
+    cut = Cue("s", "en", "c1", 1.0, 1.2, "cut here", True)
+    b.add_control(cut)
+    assert b.next_poll_ns() == T0 + 20 * MS
+    assert b.poll(T0 + 10 * MS) is None  # not sooner than 20 ms after the last message
+    raw = b.poll(T0 + 40 * MS)
+    assert raw is not None
+    msg = parse_message(raw)
+    assert isinstance(msg, Batch)
+    kinds = [type(r).__name__ for r in msg.records]
+    assert "ControlRecord" in kinds and "FrameRecord" in kinds  # the queued frame rides along
+    assert b.next_poll_ns() == T0 + 240 * MS  # and frames are back on their own interval

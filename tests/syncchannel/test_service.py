@@ -265,6 +265,34 @@ async def test_captions_reach_viewers_on_the_channel(
             await publisher.close()
 
 
+async def test_a_caption_change_is_sent_at_once_not_at_the_next_poll(
+    relay_base: tuple[str, SyncService],
+) -> None:
+    """With the 50 ms poll loop stopped, a cue still reaches the viewer: the caption change
+    itself sends it (what makes a barge-in's cut reach the screen within a frame or two)."""
+    base, _ = relay_base
+    publisher, _, timeline = await start_publisher(base, "now", stamp=True)
+    async with aiohttp.ClientSession() as http:
+        viewer = await view(http, base, "now", data_channel="sync")
+        records = collect(viewer)
+        try:
+            await wait_for(lambda: any(isinstance(c, Epoch) for c in records.controls), 5,
+                           "the stream epoch")
+            (poll,) = [t for t in asyncio.all_tasks() if t.get_name() == "sync-poll"]
+            poll.cancel()
+            cue = {"id": "c1", "start": timeline.start_house_ns + 3_000_000_000,
+                   "end": timeline.start_house_ns + 4_500_000_000, "text": "hello"}
+            async with http.post(f"{base}/api/streams/now/captions",
+                                 json={"timebase": "house_ns", "lang": "en",
+                                       "cues": [cue]}) as resp:
+                assert resp.status in (200, 201), await resp.text()
+            await wait_for(lambda: any(isinstance(c, Cue) for c in records.controls), 3,
+                           "the cue on the sync channel without the poll loop")
+        finally:
+            await viewer.close()
+            await publisher.close()
+
+
 def _extension_id(peer: Peer, kind: str, uri: str) -> int:
     line = next(x for x in _section(peer, kind) if x.startswith("a=extmap:") and uri in x)
     return int(line.split(":", 1)[1].split()[0].split("/")[0])
