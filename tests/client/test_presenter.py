@@ -17,6 +17,7 @@ from aiohttp.test_utils import TestServer
 
 from sfu_sidecar import tts
 from sfu_sidecar.app import build_app
+from sfu_sidecar.captions.webvtt import seconds_from_ms
 from sfu_sidecar.client.presenter import FaceVideoTrack, SpeechTimeline, TtsPresenter
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import Timeline
@@ -131,7 +132,12 @@ async def test_the_relay_hears_the_presenter_where_its_cues_say_and_the_interrup
     assert -40_000_000 <= off2 - stopped <= 20_000_000, (off2, stopped)
     assert abs(body["caption_lag"]["en"]["median_ms"]) <= 20.0
     cut = cues[second.cue_id]
-    said = [w for t, w in second.words if t < stopped]
-    assert cut["end"] == round((stopped - epoch) / 1e6) / 1000, (cut, stopped, epoch)
+    # The service keeps stream milliseconds (rounded half up) and hands out the double a
+    # browser parses from them; a word stays when its millisecond is before the cut's.
+    def stream_ms(house_ns: int) -> int:
+        return (house_ns - epoch + 500_000) // 1_000_000
+
+    said = [w for t, w in second.words if stream_ms(t) < stream_ms(stopped)]
+    assert cut["end"] == seconds_from_ms(stream_ms(stopped)), (cut, stopped, epoch)
     assert [w["text"] for w in cut["words"]] == said
     assert first.cue_id in cues and "retracted" not in cues[first.cue_id]

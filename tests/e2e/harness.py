@@ -13,9 +13,11 @@ from collections.abc import Coroutine, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import aiohttp
 from aiohttp import web
 
 from sfu_sidecar.app import build_app
+from sfu_sidecar.client.presenter import TtsPresenter
 from sfu_sidecar.client.whip import WhipSession, publish
 from sfu_sidecar.config import load_settings
 from sfu_sidecar.synthetic import AUDIO_RATE, BeepAudioTrack, FlashVideoTrack, Timeline
@@ -25,7 +27,7 @@ T = TypeVar("T")
 
 __all__ = [
     "FRAME_NUMBER_JS", "STORE_ROUNDING_NS", "AppThread", "Broadcaster", "LoopThread",
-    "PixelJudgement",
+    "PixelJudgement", "PresenterApp",
     "in_stored_cue", "judge_pixels", "serve_app",
 ]
 
@@ -95,6 +97,32 @@ class AppThread(LoopThread):
         await self._stop_peers()
         if self.runner is not None:
             await self.runner.cleanup()
+
+
+class PresenterApp(AppThread):
+    """The service and one TTS presenter (``sfu_sidecar.client.presenter``) speaking on
+    ``stream`` with word-timed captions."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__()
+        self.stream = stream
+        self.presenter: TtsPresenter | None = None
+
+    async def _start(self) -> None:
+        await self.serve()
+        self.presenter = TtsPresenter(self.base, self.stream, ice_addresses=("127.0.0.1",))
+        await self.presenter.start()
+
+    async def feed(self) -> dict[str, Any]:
+        """The stream's caption feed as the service serves it (every language)."""
+        async with aiohttp.ClientSession() as http, http.get(
+                f"{self.base}/api/streams/{self.stream}/captions") as resp:
+            body: dict[str, Any] = await resp.json()
+            return body
+
+    async def _stop_peers(self) -> None:
+        if self.presenter is not None:
+            await self.presenter.close()
 
 
 # Defines window.readFrameNumber(video): the 20-bit number the synthetic source

@@ -14,10 +14,8 @@ import json
 import time
 from typing import Any
 
-import aiohttp
-
-from sfu_sidecar.client.presenter import Said, TtsPresenter
-from tests.e2e.harness import AppThread
+from sfu_sidecar.client.presenter import Said
+from tests.e2e.harness import PresenterApp
 from tests.support import chromium
 
 STREAM = "anchor"
@@ -26,29 +24,10 @@ SENTENCES = ("Good evening, and welcome to the late news.",
              "First, the north will see rain and strong winds.")
 
 
-class Service(AppThread):
-    def __init__(self) -> None:
-        super().__init__()
-        self.presenter: TtsPresenter | None = None
-
-    async def _start(self) -> None:
-        await self.serve()
-        self.presenter = TtsPresenter(self.base, STREAM, ice_addresses=("127.0.0.1",))
-        await self.presenter.start()
-
+class Service(PresenterApp):
     async def speak(self) -> list[Said]:
         assert self.presenter is not None
         return [await self.presenter.say(text) for text in SENTENCES]
-
-    async def feed(self) -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http, http.get(
-                f"{self.base}/api/streams/{STREAM}/captions") as resp:
-            body: dict[str, Any] = await resp.json()
-            return body
-
-    async def _stop_peers(self) -> None:
-        if self.presenter is not None:
-            await self.presenter.close()
 
 
 RECORDER_JS = """() => {
@@ -69,7 +48,7 @@ RECORDER_JS = """() => {
 
 
 def main() -> None:
-    service = Service()
+    service = Service(STREAM)
     service.thread.start()
     if not service.ready.wait(30):
         raise SystemExit("service did not start")

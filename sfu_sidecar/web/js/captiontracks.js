@@ -114,12 +114,13 @@ export class CaptionTracks {
         if (entry.closed.has(n)) continue;
         try {
           const url = new URL(`${encodeURIComponent(entry.lang)}/chunk-${n}.vtt`, this.base);
+          const askedAt = entry.cues.version;
           const resp = await fetchFn(url, { headers: this.headers(), cache: "no-store" });
           if (resp.status === 404) break; // a future chunk: nothing to read yet
           if (!resp.ok) continue;
           const { cues } = parseChunk(await resp.text(), n * chunkS);
           if ((resp.headers.get("Cache-Control") ?? "").includes("immutable")) entry.closed.add(n);
-          const { added: changed, removed } = entry.cues.merge(n, cues);
+          const { added: changed, removed } = entry.cues.merge(n, cues, askedAt);
           for (const id of [...changed, ...removed]) this.sync(entry, id, true);
         } catch (err) {
           this.stats.captionError = String(err.message ?? err);

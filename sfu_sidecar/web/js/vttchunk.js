@@ -71,6 +71,10 @@ export class ChunkedCues {
     this.cues = new Map(); // id -> {id, start, end, text}
     this.fromChunk = new Map(); // n -> Set of ids the last copy of chunk n held
     this.pushed = new Set(); // ids that came live (pushed), whichever chunk holds them later
+    // Live changes are counted; a chunk asked for before a cue's latest live change holds an
+    // older copy of it (merge leaves that cue as the push left it).
+    this.version = 0;
+    this.changedAt = new Map(); // id -> version of its latest live change
   }
 
   // A cue pushed live, before any chunk fetch shows it: added or changed. True when it changed.
@@ -78,6 +82,7 @@ export class ChunkedCues {
     const live = { ...cue, start: round3(cue.start), end: round3(cue.end), settings: cue.settings ?? "" };
     const old = this.cues.get(live.id);
     this.pushed.add(live.id);
+    this.changedAt.set(live.id, ++this.version);
     if (old !== undefined && old.start === live.start && old.end === live.end && old.text === live.text
       && old.settings === live.settings) return false;
     this.cues.set(live.id, live);
@@ -87,17 +92,23 @@ export class ChunkedCues {
   // A retraction pushed live. True when the cue was there.
   retract(id) {
     this.pushed.delete(id);
+    this.changedAt.set(id, ++this.version);
     for (const ids of this.fromChunk.values()) ids.delete(id);
     return this.cues.delete(id);
   }
 
-  // Returns {added, removed} ids; `added` includes cues whose times, text or settings changed.
-  merge(n, cues) {
+  // Chunk n as fetched (its cues) -> {added, removed} ids; `added` includes cues whose times,
+  // text or settings changed. `askedAt`: `version` when the chunk was asked for; a cue changed
+  // live since then (a barge-in's cut pushed while the chunk was on its way) keeps its live
+  // state, which is newer than the chunk's copy.
+  merge(n, cues, askedAt = Infinity) {
     const added = [];
     const removed = [];
     const now = new Set();
+    const newer = (id) => (this.changedAt.get(id) ?? 0) > askedAt;
     for (const cue of cues) {
       now.add(cue.id);
+      if (newer(cue.id)) continue;
       const old = this.cues.get(cue.id);
       if (old === undefined || old.start !== cue.start || old.end !== cue.end || old.text !== cue.text
         || old.settings !== cue.settings) {
@@ -106,7 +117,7 @@ export class ChunkedCues {
       }
     }
     for (const id of this.fromChunk.get(n) ?? []) {
-      if (!now.has(id) && !this._inOtherChunk(id, n)) {
+      if (!now.has(id) && !this._inOtherChunk(id, n) && !newer(id)) {
         this.cues.delete(id);
         removed.push(id);
       }
@@ -124,6 +135,9 @@ export class ChunkedCues {
   // (bounded memory over a long run); returns the removed ids.
   prune(t, chunkS, keepS = 30) {
     const removed = [];
+    for (const [id, at] of this.changedAt) {
+      if (at <= this.version - 1000) this.changedAt.delete(id); // long settled (bounded memory)
+    }
     for (const id of [...this.pushed]) {
       const cue = this.cues.get(id);
       if (cue !== undefined && cue.end >= t - keepS) continue;

@@ -106,6 +106,26 @@ test("live push: a cue before its chunk shows it, kept by a stale copy, retracte
   assert.equal(book.cues.size, 0);
 });
 
+test("a chunk asked for before a live change does not undo it (a barge-in's cut, a retraction)", () => {
+  const book = new ChunkedCues();
+  const full = { id: "c", start: 5, end: 7, text: "the rain <00:00:06.000>moves east", settings: "" };
+  book.merge(2, [full]);
+  const askedAt = book.version; // a poll of chunk 2 goes out...
+  const cut = { ...full, end: 5.92, text: "the rain" };
+  assert.equal(book.push(cut), true); // ...the cut arrives live while it is on its way...
+  // ...and the chunk's answer, written before the cut, leaves the cut alone.
+  assert.deepEqual(book.merge(2, [full], askedAt), { added: [], removed: [] });
+  assert.deepEqual(book.cues.get("c"), cut);
+  // A chunk asked for after the cut carries it: taken as it is.
+  assert.deepEqual(book.merge(2, [cut], book.version), { added: [], removed: [] });
+  assert.deepEqual(book.merge(2, [{ ...cut, text: "the" }], book.version), { added: ["c"], removed: [] });
+  // A retraction pushed while an older copy was on its way is not brought back by it.
+  const before = book.version;
+  assert.equal(book.retract("c"), true);
+  assert.deepEqual(book.merge(2, [cut], before), { added: [], removed: [] });
+  assert.equal(book.cues.has("c"), false);
+});
+
 test("prune forgets pushed cues that ended long ago", () => {
   const book = new ChunkedCues();
   book.push({ id: "old", start: 1, end: 2, text: "old" });
