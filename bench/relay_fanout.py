@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import fractions
 import json
 import os
 import statistics
@@ -33,89 +32,35 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.processes import free_port  # noqa: E402  (after the path insert)
+from bench.rtpload import (  # noqa: E402
+    BITRATE,
+    client_pc,
+    count_rtp,
+    count_window,
+    media_kinds,
+    pin_vp8_bitrate,
+    source_tracks,
+)
 
 LOOPBACK = ("127.0.0.1",)
-BITRATE = 1_500_000
-
-
-
-def client_pc() -> Any:
-    from aiortc import RTCPeerConnection
-
-    from sfu_sidecar.relay.peer import rtc_configuration
-
-    return RTCPeerConnection(rtc_configuration())
-
-
-def _pin_vp8_bitrate() -> None:
-    # aiortc's VP8 encoder starts at 500 kbit/s and follows REMB; pin it so the source (and
-    # the baseline's per-viewer encoders) run at the benchmark's 1.5 Mbit/s throughout.
-    from aiortc.codecs import vpx
-
-    vpx.DEFAULT_BITRATE = vpx.MIN_BITRATE = vpx.MAX_BITRATE = BITRATE
 
 
 # --- publisher --------------------------------------------------------------------------------
 
 
 def run_publisher(url: str) -> None:
-    import numpy as np
-    from aiortc import MediaStreamTrack, RTCSessionDescription
-    from av import AudioFrame, VideoFrame
+    from aiortc import RTCSessionDescription
 
     from sfu_sidecar.relay import aiortc_adapter
 
-    _pin_vp8_bitrate()
-
-    class Video(MediaStreamTrack):
-        kind = "video"
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = 0
-            self.t0 = time.monotonic()
-            self.rng = np.random.default_rng(1)
-            self.base = np.add.outer(np.arange(360), np.arange(640)).astype(np.uint8)
-
-        async def recv(self) -> VideoFrame:
-            delay = self.t0 + self.n / 30 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            y = self.base + np.uint8(self.n * 3 % 256)
-            # A noisy band keeps the encoder busy enough to use its bitrate.
-            y[170:190] = self.rng.integers(0, 255, (20, 640), dtype=np.uint8)
-            yuv = np.concatenate([y, np.full((180, 640), 128, dtype=np.uint8)])
-            frame = VideoFrame.from_ndarray(yuv, format="yuv420p")
-            frame.pts, frame.time_base = self.n * 3000, fractions.Fraction(1, 90000)
-            self.n += 1
-            return frame
-
-    class Audio(MediaStreamTrack):
-        kind = "audio"
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.n = 0
-            self.t0 = time.monotonic()
-
-        async def recv(self) -> AudioFrame:
-            delay = self.t0 + self.n * 0.02 - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            t = (np.arange(960) + self.n * 960) / 48000
-            pcm = (np.sin(2 * np.pi * 440 * t) * 6000).astype(np.int16).reshape(1, -1)
-            frame = AudioFrame.from_ndarray(pcm, format="s16", layout="mono")
-            frame.sample_rate, frame.pts = 48000, self.n * 960
-            frame.time_base = fractions.Fraction(1, 48000)
-            self.n += 1
-            return frame
+    pin_vp8_bitrate()
 
     async def main() -> None:
         import aiohttp
 
         pc = client_pc()
-        pc.addTransceiver(Audio(), direction="sendonly")
-        pc.addTransceiver(Video(), direction="sendonly")
+        for track in source_tracks():
+            pc.addTransceiver(track, direction="sendonly")
         aiortc_adapter.install_ice(pc, LOOPBACK, None)
         await pc.setLocalDescription(await pc.createOffer())
         async with aiohttp.ClientSession() as http, http.post(
@@ -137,16 +82,9 @@ def run_publisher(url: str) -> None:
 def run_viewers(url: str, count: int, start_at: float, seconds: float) -> None:
     from aiortc import RTCSessionDescription
 
-    from sfu_sidecar.relay import aiortc_adapter, sdp
+    from sfu_sidecar.relay import aiortc_adapter
 
-    class Counter:
-        def __init__(self) -> None:
-            self.video_frames = 0
-            self.audio_packets = 0
-            self.seqs: dict[int, list[int]] = {}
-            self.active = False
-
-    async def one(http: Any) -> tuple[Any, Counter]:
+    async def one(http: Any) -> tuple[Any, Any]:
         pc = client_pc()
         pc.addTransceiver("audio", direction="recvonly")
         pc.addTransceiver("video", direction="recvonly")
@@ -158,55 +96,14 @@ def run_viewers(url: str, count: int, start_at: float, seconds: float) -> None:
             assert resp.status == 201, await resp.text()
             answer = await resp.text()
         await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-        kinds = {m.primary.payload_type: m.kind for m in sdp.parse(answer, what="a").media}
-        counter = Counter()
-
-        def handle(data: bytes, arrival_time_ms: int) -> None:
-            # Count from the fixed header only; never decode (viewers must stay cheap on
-            # 2 cores, their CPU competes with the relay's).
-            if not counter.active:
-                return
-            kind = kinds.get(data[1] & 0x7F)
-            if kind is None:
-                return
-            ssrc = int.from_bytes(data[8:12], "big")
-            counter.seqs.setdefault(ssrc, []).append(int.from_bytes(data[2:4], "big"))
-            if kind == "video":
-                counter.video_frames += data[1] >> 7
-            else:
-                counter.audio_packets += 1
-
-        for dtls in aiortc_adapter.dtls_transports(pc):
-            aiortc_adapter.on_rtp(dtls, handle)  # counted only, never decoded
-        return pc, counter
+        return pc, count_rtp(pc, media_kinds(answer))
 
     async def main() -> None:
         import aiohttp
 
         async with aiohttp.ClientSession() as http:
             peers = [await one(http) for _ in range(count)]
-            await asyncio.sleep(max(0.0, start_at - time.time()))
-            for _, c in peers:
-                c.active = True
-            await asyncio.sleep(seconds)
-            for _, c in peers:
-                c.active = False
-            out = []
-            for _, c in peers:
-                expected = received = 0
-                for seqs in c.seqs.values():
-                    ext = [seqs[0]]
-                    for s in seqs[1:]:
-                        d = (s - ext[-1]) & 0xFFFF
-                        ext.append(ext[-1] + (d if d < 0x8000 else d - 0x10000))
-                    expected += max(ext) - min(ext) + 1
-                    received += len(set(ext))
-                out.append({
-                    "fps": c.video_frames / seconds,
-                    "audio_pps": c.audio_packets / seconds,
-                    "lost": max(0, expected - received),
-                    "expected": expected,
-                })
+            out = await count_window([c for _, c in peers], start_at, seconds)
             print(json.dumps(out), flush=True)
             await asyncio.gather(*(pc.close() for pc, _ in peers))
 
@@ -271,7 +168,7 @@ def _mediarelay_app() -> Any:
     from sfu_sidecar.relay import aiortc_adapter
     from sfu_sidecar.relay.peer import rtc_configuration
 
-    _pin_vp8_bitrate()
+    pin_vp8_bitrate()
     media = MediaRelay()
     sources: dict[str, Any] = {}
     pcs: list[Any] = []

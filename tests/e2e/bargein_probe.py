@@ -6,7 +6,7 @@ presenter says short sentences one after another, each posted with espeak-ng's w
 is interrupted at a random instant of each (seeded): ``interrupt()`` silences the voice and
 calls barge-in at the sample it stopped at. Both pages record, for every presented frame, its
 wall-clock time, its capture stream time, the cues active on the showing track, and the text and
-end of the most recent interrupted cues as the page holds them then.
+end of the latest cues as the page holds them then.
 
 ``python -m tests.e2e.bargein_probe COUNT SEED`` prints one JSON line for
 tests/e2e/test_bargein_chromium.py: the interruptions (cue id, wall-clock ns of the call, house
@@ -26,20 +26,18 @@ from tests.e2e.harness import PresenterApp
 from tests.support import chromium
 
 STREAM = "anchor"
-# Short sentences (about a second of speech each), so that a hundred interruptions take a
-# couple of minutes.
-SENTENCES = ("The rain moves east tonight.", "Winds pick up along the coast.",
-             "Schools open late on Monday.", "The match ends in a draw.",
-             "Prices rise for a third month.")
+# Short sentences (about a second of speech each, three words), so that a hundred
+# interruptions take two minutes.
+SENTENCES = ("Rain moves east.", "Winds pick up.", "Schools open late.", "The match ends.",
+             "Snow on the hills.")
 # An interruption falls this far inside the speech at least (an instant on a cue's very edge
 # is the retraction or untouched case, which the unit tests cover).
 MARGIN_NS = 100_000_000
-WATCHED = 3  # the latest interrupted cues each page reports on every frame
+WATCHED = 3  # the latest cues each page reports on every frame
 
 RECORDER_JS = """([mse, kept]) => {
   const video = document.querySelector("video");
   window.cutFrames = [];
-  window.watch = [];
   const listeners = mse ? window.sfuViewer.player.frameListeners : window.sfuViewer.frameListeners;
   listeners.push((record) => {
     const streamS = mse ? record.frameS : record.streamS;
@@ -52,14 +50,12 @@ RECORDER_JS = """([mse, kept]) => {
         if (cue.startTime <= t && t < cue.endTime) active.push([cue.id, cue.text]);
       }
     }
-    // What the page holds of the latest interrupted cues (its cue book, or the MSE player's
-    // cues of the language): their text and end, null before one arrived.
+    // What the page holds of the latest cues (its cue book, or the MSE player's cues of the
+    // language): their text and end.
     const book = mse ? window.sfuViewer.player.captions.tracks.get("en")?.cues.cues
       : window.sfuViewer.book.cues;
-    const watched = window.watch.slice(-kept).map((id) => {
-      const cue = book?.get(id);
-      return [id, cue?.text ?? null, cue?.end ?? null];
-    });
+    const watched = [...(book ?? new Map()).values()].sort((a, b) => a.start - b.start)
+      .slice(-kept).map((cue) => [cue.id, cue.text, cue.end]);
     window.cutFrames.push([performance.timeOrigin + performance.now(), streamS, active, watched]);
   });
 }"""
@@ -90,8 +86,6 @@ def main() -> None:
             for i in range(count):
                 cue_id = f"b{i}"
                 said = service.call(presenter.say(SENTENCES[i % len(SENTENCES)], cue_id=cue_id))
-                for page in pages.values():
-                    page.evaluate("(id) => window.watch.push(id)", cue_id)
                 at = rng.randint(said.onset_ns + MARGIN_NS, said.end_ns - MARGIN_NS)
                 while time.time_ns() < at:  # the presenter is on this host's clock
                     time.sleep(min(0.005, max(0.0, (at - time.time_ns()) / 1e9)))
