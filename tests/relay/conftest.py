@@ -60,7 +60,7 @@ async def relay(relay_factory: Callable[..., object]) -> Relay:
 async def app_base(tmp_path: Path) -> AsyncIterator[tuple[str, RelayService]]:
     """The whole application (relay, sync, captions, probe) on a loopback port."""
     settings = load_settings({"ice_addresses": "127.0.0.1", "host": "127.0.0.1",
-                              "data_dir": str(tmp_path)})
+                              "data_dir": str(tmp_path), **IN_PROCESS})
     app = build_app(settings)
     relay = app[SERVICES_KEY].components.relay
     assert relay is not None
