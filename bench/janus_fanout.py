@@ -45,8 +45,9 @@ from bench.rtpload import (  # noqa: E402
     count_rtp,
     count_window,
     media_kinds,
-    pin_vp8_bitrate,
-    source_tracks,
+    source_pc,
+    whep_view,
+    whip_publish,
 )
 from tests.support import janus  # noqa: E402
 
@@ -60,58 +61,26 @@ VIEWER_PROCESSES = 4
 # --- publisher and viewers, each in a process of its own ---------------------------------------
 
 
-async def _post_sdp(http: Any, url: str, offer: str) -> str:
-    async with http.post(url, data=offer, headers={"Content-Type": "application/sdp"}) as resp:
-        if resp.status != 201:
-            raise RuntimeError(f"{url}: {resp.status} {await resp.text()}")
-        return str(await resp.text())
-
-
 def run_publisher(server: str) -> None:
     """Publishes until stdin closes; prints ``ready FEED`` (Janus's publisher id, or 0)."""
     import aiohttp
     from aiortc import RTCSessionDescription
 
-    from sfu_sidecar.relay import aiortc_adapter
-
-    pin_vp8_bitrate()
-
     async def main() -> None:
-        pc = client_pc()
-        for track in source_tracks():
-            pc.addTransceiver(track, direction="sendonly")
-        aiortc_adapter.install_ice(pc, ADDRESSES, None)
+        pc = source_pc(ADDRESSES)
         feed = 0
         async with aiohttp.ClientSession() as http:
             if server == "relay":
-                await pc.setLocalDescription(await pc.createOffer())
-                answer = await _post_sdp(http, f"http://127.0.0.1:{RELAY_PORT}/whip/bench",
-                                         pc.localDescription.sdp)
+                await whip_publish(http, f"http://127.0.0.1:{RELAY_PORT}/whip/bench", pc)
             else:
                 api = janus.JanusHttp(http, f"http://127.0.0.1:{janus.HTTP_PORT}/janus")
                 _, feed, answer = await janus.publish_in_videoroom(api, pc)
-            await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+                await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
             print(f"ready {feed}", flush=True)
             await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await pc.close()
 
     asyncio.run(main())
-
-
-async def _relay_viewer(http: Any) -> tuple[Any, Any]:
-    from aiortc import RTCSessionDescription
-
-    from sfu_sidecar.relay import aiortc_adapter
-
-    pc = client_pc()
-    pc.addTransceiver("audio", direction="recvonly")
-    pc.addTransceiver("video", direction="recvonly")
-    aiortc_adapter.install_ice(pc, ADDRESSES, None)
-    await pc.setLocalDescription(await pc.createOffer())
-    answer = await _post_sdp(http, f"http://127.0.0.1:{RELAY_PORT}/whep/bench",
-                             pc.localDescription.sdp)
-    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-    return pc, count_rtp(pc, media_kinds(answer))
 
 
 async def _janus_viewer(http: Any, feed: int) -> tuple[Any, Any]:
@@ -142,8 +111,9 @@ def run_viewers(server: str, feed: int, count: int, start_at: float, seconds: fl
 
     async def main() -> None:
         async with aiohttp.ClientSession() as http:
-            peers = [await (_relay_viewer(http) if server == "relay" else _janus_viewer(http, feed))
-                     for _ in range(count)]
+            relay = f"http://127.0.0.1:{RELAY_PORT}/whep/bench"
+            peers = [await (whep_view(http, relay, ADDRESSES) if server == "relay"
+                            else _janus_viewer(http, feed)) for _ in range(count)]
             out = await count_window([c for _, c in peers], start_at, seconds)
             print(json.dumps(out), flush=True)
             await asyncio.gather(*(pc.close() for pc, _ in peers))

@@ -34,12 +34,11 @@ sys.path.insert(0, str(ROOT))
 from bench.processes import free_port  # noqa: E402  (after the path insert)
 from bench.rtpload import (  # noqa: E402
     BITRATE,
-    client_pc,
-    count_rtp,
     count_window,
-    media_kinds,
     pin_vp8_bitrate,
-    source_tracks,
+    source_pc,
+    whep_view,
+    whip_publish,
 )
 
 LOOPBACK = ("127.0.0.1",)
@@ -49,26 +48,12 @@ LOOPBACK = ("127.0.0.1",)
 
 
 def run_publisher(url: str) -> None:
-    from aiortc import RTCSessionDescription
-
-    from sfu_sidecar.relay import aiortc_adapter
-
-    pin_vp8_bitrate()
-
     async def main() -> None:
         import aiohttp
 
-        pc = client_pc()
-        for track in source_tracks():
-            pc.addTransceiver(track, direction="sendonly")
-        aiortc_adapter.install_ice(pc, LOOPBACK, None)
-        await pc.setLocalDescription(await pc.createOffer())
-        async with aiohttp.ClientSession() as http, http.post(
-            url, data=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
-        ) as resp:
-            assert resp.status == 201, await resp.text()
-            answer = await resp.text()
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        pc = source_pc(LOOPBACK)
+        async with aiohttp.ClientSession() as http:
+            await whip_publish(http, url, pc)
         print("ready", flush=True)
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
         await pc.close()
@@ -80,29 +65,11 @@ def run_publisher(url: str) -> None:
 
 
 def run_viewers(url: str, count: int, start_at: float, seconds: float) -> None:
-    from aiortc import RTCSessionDescription
-
-    from sfu_sidecar.relay import aiortc_adapter
-
-    async def one(http: Any) -> tuple[Any, Any]:
-        pc = client_pc()
-        pc.addTransceiver("audio", direction="recvonly")
-        pc.addTransceiver("video", direction="recvonly")
-        aiortc_adapter.install_ice(pc, LOOPBACK, None)
-        await pc.setLocalDescription(await pc.createOffer())
-        async with http.post(
-            url, data=pc.localDescription.sdp, headers={"Content-Type": "application/sdp"}
-        ) as resp:
-            assert resp.status == 201, await resp.text()
-            answer = await resp.text()
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-        return pc, count_rtp(pc, media_kinds(answer))
-
     async def main() -> None:
         import aiohttp
 
         async with aiohttp.ClientSession() as http:
-            peers = [await one(http) for _ in range(count)]
+            peers = [await whep_view(http, url, LOOPBACK) for _ in range(count)]
             out = await count_window([c for _, c in peers], start_at, seconds)
             print(json.dumps(out), flush=True)
             await asyncio.gather(*(pc.close() for pc, _ in peers))

@@ -1,7 +1,8 @@
 """The media load the fan-out benchmarks share: a synthetic publisher's tracks (640x360 30 fps
-VP8 pinned at 1.5 Mbit/s, and Opus), aiortc peers on the benchmark's addresses, and viewers that
-count what arrives at the RTP level without decoding (so that they stay cheap: on 2 cores their
-CPU competes with the server's) and report rate and loss over a window.
+VP8 pinned at 1.5 Mbit/s, and Opus), aiortc peers on the benchmark's addresses publishing over
+WHIP and viewing over WHEP, and viewers that count what arrives at the RTP level without
+decoding (so that they stay cheap: on 2 cores their CPU competes with the server's) and report
+rate and loss over a window.
 
 Each benchmark stays one runnable file; this module is imported after the repository root is
 put on the path.
@@ -152,3 +153,48 @@ async def count_window(
     for c in counters:
         c.active = False
     return [c.figures(seconds) for c in counters]
+
+
+def source_pc(addresses: tuple[str, ...]) -> Any:
+    """A publisher's peer: the source tracks, send-only, ICE on ``addresses``."""
+    from sfu_sidecar.relay import aiortc_adapter
+
+    pin_vp8_bitrate()
+    pc = client_pc()
+    for track in source_tracks():
+        pc.addTransceiver(track, direction="sendonly")
+    aiortc_adapter.install_ice(pc, addresses, None)
+    return pc
+
+
+async def post_sdp(http: Any, url: str, offer: str) -> str:
+    """The answer to ``offer`` POSTed to a WHIP or WHEP endpoint (201, else RuntimeError)."""
+    async with http.post(url, data=offer, headers={"Content-Type": "application/sdp"}) as resp:
+        if resp.status != 201:
+            raise RuntimeError(f"{url}: {resp.status} {await resp.text()}")
+        return str(await resp.text())
+
+
+async def whip_publish(http: Any, url: str, pc: Any) -> None:
+    """``pc`` publishes over WHIP at ``url``."""
+    from aiortc import RTCSessionDescription
+
+    await pc.setLocalDescription(await pc.createOffer())
+    answer = await post_sdp(http, url, pc.localDescription.sdp)
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+
+
+async def whep_view(http: Any, url: str, addresses: tuple[str, ...]) -> tuple[Any, Counter]:
+    """A WHEP viewer of ``url`` (audio and video, ICE on ``addresses``) and its counter."""
+    from aiortc import RTCSessionDescription
+
+    from sfu_sidecar.relay import aiortc_adapter
+
+    pc = client_pc()
+    pc.addTransceiver("audio", direction="recvonly")
+    pc.addTransceiver("video", direction="recvonly")
+    aiortc_adapter.install_ice(pc, addresses, None)
+    await pc.setLocalDescription(await pc.createOffer())
+    answer = await post_sdp(http, url, pc.localDescription.sdp)
+    await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    return pc, count_rtp(pc, media_kinds(answer))

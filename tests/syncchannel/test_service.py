@@ -238,6 +238,16 @@ async def test_without_capture_stamps_sender_reports_give_the_map(
             await publisher.close()
 
 
+async def post_hello(http: aiohttp.ClientSession, base: str, stream: str,
+                     timeline: Timeline) -> None:
+    """Posts cue ``c1``, "hello", over [3 s, 4.5 s) of the publisher's timeline."""
+    cue = {"id": "c1", "start": timeline.start_house_ns + 3_000_000_000,
+           "end": timeline.start_house_ns + 4_500_000_000, "text": "hello"}
+    async with http.post(f"{base}/api/streams/{stream}/captions",
+                         json={"timebase": "house_ns", "lang": "en", "cues": [cue]}) as resp:
+        assert resp.status in (200, 201), await resp.text()
+
+
 async def test_captions_reach_viewers_on_the_channel(
     relay_base: tuple[str, SyncService],
 ) -> None:
@@ -250,12 +260,7 @@ async def test_captions_reach_viewers_on_the_channel(
             # Media fixes the epoch (its first frame's capture time) once the publisher joined.
             await wait_for(lambda: any(isinstance(c, Epoch) for c in records.controls), 5,
                            "the stream epoch")
-            cue = {"id": "c1", "start": timeline.start_house_ns + 3_000_000_000,
-                   "end": timeline.start_house_ns + 4_500_000_000, "text": "hello"}
-            async with http.post(f"{base}/api/streams/cap/captions",
-                                 json={"timebase": "house_ns", "lang": "en",
-                                       "cues": [cue]}) as resp:
-                assert resp.status in (200, 201), await resp.text()
+            await post_hello(http, base, "cap", timeline)
             await wait_for(lambda: any(isinstance(c, Cue) for c in records.controls), 3,
                            "the cue on the sync channel")
             got = next(c for c in records.controls if isinstance(c, Cue))
@@ -280,12 +285,7 @@ async def test_a_caption_change_is_sent_at_once_not_at_the_next_poll(
                            "the stream epoch")
             (poll,) = [t for t in asyncio.all_tasks() if t.get_name() == "sync-poll"]
             poll.cancel()
-            cue = {"id": "c1", "start": timeline.start_house_ns + 3_000_000_000,
-                   "end": timeline.start_house_ns + 4_500_000_000, "text": "hello"}
-            async with http.post(f"{base}/api/streams/now/captions",
-                                 json={"timebase": "house_ns", "lang": "en",
-                                       "cues": [cue]}) as resp:
-                assert resp.status in (200, 201), await resp.text()
+            await post_hello(http, base, "now", timeline)
             await wait_for(lambda: any(isinstance(c, Cue) for c in records.controls), 3,
                            "the cue on the sync channel without the poll loop")
         finally:
